@@ -1,0 +1,2 @@
+// communicator.cpp: backend factory helpers shared by all communicators.
+#include "comm/communicator.h"

@@ -1,0 +1,104 @@
+// dispatch.cpp: dispatch plan, all-to-all exchange and ordered combine.
+#include "coordinator/dispatch.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/kernels.h"
+#include "model/error.h"
+#include "worker/worker.h"
+
+namespace colibri {
+
+MoeDispatcher::MoeDispatcher(const ModelConfig& cfg, const Placement& placement, Communicator& comm, Worker* local,
+                             int64_t max_rows)
+    : cfg_(cfg),
+      placement_(placement),
+      comm_(comm),
+      local_(local),
+      world_(comm.size()),
+      hidden_(cfg.hidden_size),
+      k_(cfg.experts_per_token),
+      experts_(cfg.num_experts),
+      max_rows_(max_rows) {
+  const size_t we = static_cast<size_t>(world_ * experts_);
+  send_counts_.resize(we);
+  recv_counts_.resize(we);
+  next_.resize(we);
+  slot_pos_.resize(static_cast<size_t>(max_rows * k_));
+  for (auto* v : {&sb_, &so_, &rb_, &ro_}) v->resize(static_cast<size_t>(world_));
+  const size_t rows = static_cast<size_t>(max_rows * k_ * hidden_);
+  send_.resize(rows);
+  back_.resize(rows);
+  // NOTE: a rank receives at most the pairs of one coordinator's batch.
+  recv_.resize(rows);
+  result_.resize(rows);
+}
+
+void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32_t* experts, const float* weights,
+                            float* out) {
+  if (rows > max_rows_) throw Error(Status::Internal, "MoE dispatch of " + std::to_string(rows) + " rows, sized for " + std::to_string(max_rows_));
+  const int64_t W = world_, E = experts_;
+  // 1. Plan: count pairs per (rank, expert).
+  std::fill(send_counts_.begin(), send_counts_.end(), 0u);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < k_; ++j) {
+      int e = experts[t * k_ + j];
+      int r = placement_.owner_for_row(layer, e, t);
+      ++send_counts_[static_cast<size_t>(r * E + e)];
+    }
+  // Send layout: rank-major, expert ascending, rows in token order.
+  int64_t off = 0;
+  for (int64_t r = 0; r < W; ++r) {
+    so_[static_cast<size_t>(r)] = static_cast<uint64_t>(off) * hidden_ * sizeof(float);
+    int64_t n = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      next_[static_cast<size_t>(r * E + e)] = off + n;
+      n += send_counts_[static_cast<size_t>(r * E + e)];
+    }
+    sb_[static_cast<size_t>(r)] = static_cast<uint64_t>(n) * hidden_ * sizeof(float);
+    off += n;
+  }
+  // 2. Pack each token's row once per expert it selected there.
+  const size_t row_bytes = static_cast<size_t>(hidden_) * sizeof(float);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < k_; ++j) {
+      int e = experts[t * k_ + j];
+      int r = placement_.owner_for_row(layer, e, t);
+      int64_t p = next_[static_cast<size_t>(r * E + e)]++;
+      slot_pos_[static_cast<size_t>(t * k_ + j)] = p;
+      std::memcpy(send_.data() + p * hidden_, x + t * hidden_, row_bytes);
+      ++stats_.rows_sent;
+      if (r != comm_.rank()) ++stats_.rows_remote;
+    }
+  // 3. Counts first, then rows.
+  comm_.alltoall(send_counts_.data(), recv_counts_.data(), static_cast<size_t>(E) * sizeof(uint32_t));
+  int64_t roff = 0;
+  for (int64_t r = 0; r < W; ++r) {
+    int64_t n = 0;
+    for (int64_t e = 0; e < E; ++e) n += recv_counts_[static_cast<size_t>(r * E + e)];
+    ro_[static_cast<size_t>(r)] = static_cast<uint64_t>(roff) * row_bytes;
+    rb_[static_cast<size_t>(r)] = static_cast<uint64_t>(n) * row_bytes;
+    roff += n;
+  }
+  if (roff > max_rows_ * k_) throw Error(Status::Comm, "rank " + std::to_string(comm_.rank()) + ": received more MoE rows than sized for");
+  comm_.alltoallv(send_.data(), sb_.data(), so_.data(), recv_.data(), rb_.data(), ro_.data());
+  // 4. Experts on this rank.
+  if (roff > 0) {
+    if (!local_) throw Error(Status::Internal, "rank " + std::to_string(comm_.rank()) + " hosts no experts but was sent rows");
+    local_->compute(layer, recv_counts_.data(), recv_.data(), result_.data());
+  }
+  // 5. Results back, in the order each rank received them.
+  comm_.alltoallv(result_.data(), rb_.data(), ro_.data(), back_.data(), sb_.data(), so_.data());
+  // 6. Combine in slot order.
+  const auto& kt = kernels::active();
+  for (int64_t t = 0; t < rows; ++t) {
+    float* o = out + t * hidden_;
+    std::memset(o, 0, row_bytes);
+    for (int64_t j = 0; j < k_; ++j)
+      kt.axpy(o, weights[t * k_ + j], back_.data() + slot_pos_[static_cast<size_t>(t * k_ + j)] * hidden_, hidden_);
+  }
+  ++stats_.layers;
+}
+
+}  // namespace colibri

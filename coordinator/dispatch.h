@@ -1,0 +1,52 @@
+// dispatch.h: the coordinator's half of an MoE layer: plan which rank serves
+// each (token, expert) pair, exchange counts then rows all-to-all, let the local
+// worker (if this rank hosts experts) compute, exchange results back, and combine
+// them in a fixed order.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "coordinator/placement.h"
+#include "model/config.h"
+
+namespace colibri {
+
+class Worker;
+
+struct DispatchStats {
+  uint64_t rows_sent = 0;      // (token, expert) rows sent to any rank
+  uint64_t rows_remote = 0;    // of which to other ranks
+  uint64_t layers = 0;
+};
+
+class MoeDispatcher {
+ public:
+  // max_rows: most tokens per forward pass; local: this rank's worker or null.
+  MoeDispatcher(const ModelConfig& cfg, const Placement& placement, Communicator& comm, Worker* local,
+                int64_t max_rows);
+
+  // x: [rows][hidden] (post-norm); experts, weights: [rows][k] from the router;
+  // out: [rows][hidden], overwritten with sum_j weights[t][j] * expert_j(x[t]),
+  // summed in slot order j = 0..k-1 whatever rank served each slot.
+  void forward(int layer, const float* x, int64_t rows, const int32_t* experts, const float* weights, float* out);
+
+  const DispatchStats& stats() const { return stats_; }
+
+ private:
+  const ModelConfig& cfg_;
+  const Placement& placement_;
+  Communicator& comm_;
+  Worker* local_;
+  int world_;
+  int64_t hidden_, k_, experts_, max_rows_;
+  // Buffers sized once (NOTE: no allocation per layer):
+  std::vector<uint32_t> send_counts_, recv_counts_;  // [world][experts]
+  std::vector<int64_t> slot_pos_;                    // [rows * k] row of each pair in send_
+  std::vector<int64_t> next_;                        // [world][experts] fill cursor
+  std::vector<uint64_t> sb_, so_, rb_, ro_;          // bytes and offsets per rank
+  std::vector<float> send_, recv_, result_, back_;   // rows: [max_rows * k][hidden]
+  DispatchStats stats_;
+};
+
+}  // namespace colibri

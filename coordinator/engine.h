@@ -1,0 +1,101 @@
+// engine.h: the coordinator's forward pass and generation loop: embeddings,
+// attention with a KV cache, router, MoE dispatch through the communicator,
+// final norm, LM head and sampling, for a batch of sequences of any lengths.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "coordinator/dispatch.h"
+#include "coordinator/kv_cache.h"
+#include "coordinator/placement.h"
+#include "coordinator/sampling.h"
+#include "model/colibri_file.h"
+#include "worker/worker.h"
+
+namespace colibri {
+
+struct EngineOptions {
+  int64_t max_batch = 4;        // most sequences per generate() call
+  int64_t max_context = 0;      // most positions per sequence; 0: the model's maximum
+  int64_t prefill_chunk = 256;  // most tokens per prefill forward pass
+};
+
+struct Request {
+  std::vector<int32_t> prompt;
+  int32_t max_new_tokens = 16;
+  SamplingParams sampling;
+  bool ignore_eos = false;
+};
+
+struct SequenceOutput {
+  std::vector<int32_t> tokens;  // generated tokens (not the prompt)
+  // With record_logits: [prompt_len + tokens.size() - 1][vocab] row p holds the
+  // logits after position p (the last prompt row predicts the first new token).
+  std::vector<float> logits;
+  std::string finish_reason;  // "length", "eos" or "cancelled"
+};
+
+struct GenerateOptions {
+  bool record_logits = false;
+  // Called after each new token; return false to stop the whole call.
+  std::function<bool(int seq, int pos, int32_t token)> on_token;
+};
+
+struct GenerateStats {
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+  bool cancelled = false;
+};
+
+class Engine {
+ public:
+  // One rank's engine. With a world of one, this rank also serves every expert.
+  Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opts, Communicator& comm);
+  ~Engine();
+
+  const ModelConfig& config() const { return file_->config(); }
+  int64_t max_context() const { return max_ctx_; }
+  int64_t max_batch() const { return max_batch_; }
+
+  // Checks every request before any work (ids in range, lengths, sampling);
+  // throws Error(InvalidArgument) naming the request and the problem.
+  void validate(const std::vector<Request>& reqs) const;
+  std::vector<SequenceOutput> generate(const std::vector<Request>& reqs, const GenerateOptions& opts,
+                                       GenerateStats* stats = nullptr);
+
+  Worker* local_worker() { return worker_.get(); }
+  const DispatchStats& dispatch_stats() const { return dispatch_->stats(); }
+
+ private:
+  struct LayerWeights;
+  // Runs rows (token, sequence slot, position) through the model; writes the
+  // logits of the rows with want_logits[i] into logits_ rows in order.
+  void forward(int64_t n, const int32_t* tokens, const int32_t* seqs, const int32_t* pos, const uint8_t* want_logits);
+  void attention(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
+
+  std::shared_ptr<const ColibriFile> file_;
+  Communicator& comm_;
+  int64_t max_batch_, max_ctx_, chunk_, rows_cap_;
+  Placement placement_;
+  std::unique_ptr<Worker> worker_;
+  std::unique_ptr<MoeDispatcher> dispatch_;
+  std::unique_ptr<KVCache> kv_;
+  std::vector<LayerWeights> layers_;
+  std::vector<float> final_norm_;
+  const TensorView* embd_ = nullptr;
+  const TensorView* lm_head_ = nullptr;
+  // Activations sized once for rows_cap_ rows:
+  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, router_, moe_, logits_, gathered_;
+  std::vector<int32_t> experts_;
+  std::vector<float> weights_;
+  std::vector<float> rope_cos_, rope_sin_;  // [max_ctx][head_dim / 2]
+  std::vector<float> scores_;               // [threads][max_ctx]
+  int threads_ = 1;
+  Sampler sampler_;
+};
+
+}  // namespace colibri

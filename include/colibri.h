@@ -1,0 +1,107 @@
+/* colibri.h: the public C API of the Colibri Mixture-of-Experts inference engine.
+ * Plain C, no CUDA or MPI types. Every function returns a status; nothing in the
+ * library calls exit(). Handles are opaque. */
+#ifndef COLIBRI_H
+#define COLIBRI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define COLIBRI_API __declspec(dllexport)
+#else
+#define COLIBRI_API __attribute__((visibility("default")))
+#endif
+
+typedef enum colibri_status {
+  COLIBRI_OK = 0,
+  COLIBRI_ERR_INVALID_ARGUMENT = 1, /* a parameter or request is out of range */
+  COLIBRI_ERR_IO = 2,               /* a file could not be opened, read or written */
+  COLIBRI_ERR_FORMAT = 3,           /* a model file or checkpoint is malformed */
+  COLIBRI_ERR_CHECKSUM = 4,         /* stored data does not match its checksum */
+  COLIBRI_ERR_UNSUPPORTED = 5,      /* architecture, dtype or feature not supported */
+  COLIBRI_ERR_OUT_OF_MEMORY = 6,    /* an allocation or a memory budget failed */
+  COLIBRI_ERR_COMM = 7,             /* a communicator call failed or a rank was lost */
+  COLIBRI_ERR_CANCELLED = 8,        /* stopped by the caller (callback returned non-zero) */
+  COLIBRI_ERR_INTERNAL = 9          /* a bug: please report it */
+} colibri_status;
+
+/* Engine configuration; get defaults from colibri_default_config(). */
+typedef struct colibri_config {
+  int32_t n_threads;     /* compute threads; 0 = all cores */
+  int32_t max_batch;     /* most sequences per call */
+  int32_t max_context;   /* most positions per sequence (prompt + generated); 0 = model's max */
+  int32_t prefill_chunk; /* most tokens per prefill forward pass */
+  int32_t log_level;     /* 0 trace .. 6 off; 3 (warn) by default */
+} colibri_config;
+
+/* Sampling parameters; get defaults from colibri_default_sampling(). */
+typedef struct colibri_sampling {
+  float temperature;      /* 0 = greedy (argmax) */
+  int32_t top_k;          /* keep the k most likely tokens; 0 = off */
+  float top_p;            /* nucleus: smallest set with probability >= top_p; 1 = off */
+  uint64_t seed;          /* sequence i samples with seed + i */
+  int32_t max_new_tokens; /* tokens to generate per sequence */
+  int32_t ignore_eos;     /* non-zero: do not stop at the end-of-sequence token */
+} colibri_sampling;
+
+/* What the loaded model is. */
+typedef struct colibri_model_info {
+  int32_t vocab_size;
+  int32_t hidden_size;
+  int32_t num_layers;
+  int32_t num_experts;
+  int32_t experts_per_token;
+  int32_t max_context;
+  int32_t eos_token_id; /* -1 when the model has none */
+} colibri_model_info;
+
+typedef struct colibri_model colibri_model;
+
+/* Called once per generated token. Return non-zero to stop the whole call
+ * (it then returns COLIBRI_ERR_CANCELLED, with the tokens so far kept). */
+typedef int (*colibri_token_callback)(void* user_data, int32_t sequence, int32_t position,
+                                      int32_t token);
+
+COLIBRI_API colibri_config colibri_default_config(void);
+COLIBRI_API colibri_sampling colibri_default_sampling(void);
+
+/* Opens and validates a .colibri file. On failure *model is NULL. */
+COLIBRI_API colibri_status colibri_init(const char* path, const colibri_config* config,
+                                        colibri_model** model);
+
+COLIBRI_API colibri_status colibri_get_info(const colibri_model* model,
+                                            colibri_model_info* info);
+
+/* Runs each prompt and returns the logits of its last position.
+ * prompts[i] has lengths[i] token ids; logits: [n_sequences][vocab_size] or NULL;
+ * next_tokens: [n_sequences] greedy argmax or NULL. */
+COLIBRI_API colibri_status colibri_infer(colibri_model* model, const int32_t* const* prompts,
+                                         const int32_t* lengths, int32_t n_sequences,
+                                         float* logits, int32_t* next_tokens);
+
+/* Generates up to sampling->max_new_tokens per prompt.
+ * out_tokens: [n_sequences][max_new_tokens] (or NULL); out_counts: [n_sequences] (or NULL).
+ * callback may be NULL. */
+COLIBRI_API colibri_status colibri_generate(colibri_model* model, const int32_t* const* prompts,
+                                            const int32_t* lengths, int32_t n_sequences,
+                                            const colibri_sampling* sampling,
+                                            colibri_token_callback callback, void* user_data,
+                                            int32_t* out_tokens, int32_t* out_counts);
+
+COLIBRI_API void colibri_free(colibri_model* model);
+
+/* A short fixed description of a status. */
+COLIBRI_API const char* colibri_status_string(colibri_status status);
+
+/* The detailed message of the last failed call on this thread ("" if none). */
+COLIBRI_API const char* colibri_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COLIBRI_H */

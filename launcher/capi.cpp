@@ -1,0 +1,195 @@
+// capi.cpp: the C API over the engine. Every C++ exception stops here and
+// becomes a status plus a thread-local message.
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "colibri.h"
+#include "comm/communicator.h"
+#include "coordinator/engine.h"
+#include "kernels/cpu/kernels.h"
+#include "model/colibri_file.h"
+#include "model/error.h"
+
+struct colibri_model {
+  std::shared_ptr<const colibri::ColibriFile> file;
+  std::unique_ptr<colibri::Communicator> comm;
+  std::unique_ptr<colibri::Engine> engine;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+template <typename F>
+colibri_status guarded(F&& f) {
+  try {
+    g_last_error.clear();
+    f();
+    return COLIBRI_OK;
+  } catch (const colibri::Error& e) {
+    g_last_error = e.what();
+    return static_cast<colibri_status>(e.status());
+  } catch (const std::bad_alloc&) {
+    g_last_error = "out of memory";
+    return COLIBRI_ERR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+    return COLIBRI_ERR_INTERNAL;
+  } catch (...) {
+    g_last_error = "unknown exception";
+    return COLIBRI_ERR_INTERNAL;
+  }
+}
+
+void check_arg(bool ok, const char* msg) {
+  if (!ok) throw colibri::Error(colibri::Status::InvalidArgument, msg);
+}
+
+std::vector<colibri::Request> make_requests(const int32_t* const* prompts, const int32_t* lengths, int32_t n) {
+  check_arg(prompts != nullptr && lengths != nullptr, "prompts and lengths must not be NULL");
+  check_arg(n > 0, "n_sequences must be > 0");
+  std::vector<colibri::Request> reqs(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    check_arg(lengths[i] >= 0, "a prompt length is negative");
+    check_arg(lengths[i] == 0 || prompts[i] != nullptr, "a prompt pointer is NULL");
+    reqs[static_cast<size_t>(i)].prompt.assign(prompts[i], prompts[i] + lengths[i]);
+  }
+  return reqs;
+}
+
+}  // namespace
+
+extern "C" {
+
+colibri_config colibri_default_config(void) {
+  colibri_config c;
+  c.n_threads = 0;
+  c.max_batch = 4;
+  c.max_context = 0;
+  c.prefill_chunk = 256;
+  c.log_level = 3;
+  return c;
+}
+
+colibri_sampling colibri_default_sampling(void) {
+  colibri_sampling s;
+  s.temperature = 0.0f;
+  s.top_k = 0;
+  s.top_p = 1.0f;
+  s.seed = 0;
+  s.max_new_tokens = 16;
+  s.ignore_eos = 0;
+  return s;
+}
+
+colibri_status colibri_init(const char* path, const colibri_config* config, colibri_model** model) {
+  if (model) *model = nullptr;
+  return guarded([&] {
+    check_arg(path != nullptr && model != nullptr, "path and model must not be NULL");
+    colibri_config cfg = config ? *config : colibri_default_config();
+    check_arg(cfg.log_level >= 0 && cfg.log_level <= 6, "log_level must be in [0, 6]");
+    check_arg(cfg.n_threads >= 0, "n_threads must be >= 0");
+    spdlog::set_level(static_cast<spdlog::level::level_enum>(cfg.log_level));
+    colibri::kernels::set_threads(cfg.n_threads);
+    auto m = std::make_unique<colibri_model>();
+    m->file = colibri::ColibriFile::open(path);
+    m->comm = colibri::make_local_communicator();
+    colibri::EngineOptions eo;
+    eo.max_batch = cfg.max_batch;
+    eo.max_context = cfg.max_context;
+    eo.prefill_chunk = cfg.prefill_chunk;
+    m->engine = std::make_unique<colibri::Engine>(m->file, eo, *m->comm);
+    *model = m.release();
+  });
+}
+
+colibri_status colibri_get_info(const colibri_model* model, colibri_model_info* info) {
+  return guarded([&] {
+    check_arg(model != nullptr && info != nullptr, "model and info must not be NULL");
+    const auto& c = model->file->config();
+    info->vocab_size = static_cast<int32_t>(c.vocab_size);
+    info->hidden_size = static_cast<int32_t>(c.hidden_size);
+    info->num_layers = static_cast<int32_t>(c.num_layers);
+    info->num_experts = static_cast<int32_t>(c.num_experts);
+    info->experts_per_token = static_cast<int32_t>(c.experts_per_token);
+    info->max_context = static_cast<int32_t>(model->engine->max_context());
+    info->eos_token_id = static_cast<int32_t>(c.eos_token_id);
+  });
+}
+
+colibri_status colibri_infer(colibri_model* model, const int32_t* const* prompts, const int32_t* lengths,
+                             int32_t n_sequences, float* logits, int32_t* next_tokens) {
+  return guarded([&] {
+    check_arg(model != nullptr, "model must not be NULL");
+    auto reqs = make_requests(prompts, lengths, n_sequences);
+    for (auto& r : reqs) r.max_new_tokens = 0;
+    colibri::GenerateOptions go;
+    go.record_logits = true;
+    auto out = model->engine->generate(reqs, go);
+    const int64_t V = model->file->config().vocab_size;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const float* last = out[i].logits.data() + (reqs[i].prompt.size() - 1) * static_cast<size_t>(V);
+      if (logits) std::memcpy(logits + i * static_cast<size_t>(V), last, static_cast<size_t>(V) * sizeof(float));
+      if (next_tokens) next_tokens[i] = colibri::argmax(last, V);
+    }
+  });
+}
+
+colibri_status colibri_generate(colibri_model* model, const int32_t* const* prompts, const int32_t* lengths,
+                                int32_t n_sequences, const colibri_sampling* sampling,
+                                colibri_token_callback callback, void* user_data, int32_t* out_tokens,
+                                int32_t* out_counts) {
+  bool cancelled = false;
+  colibri_status st = guarded([&] {
+    check_arg(model != nullptr, "model must not be NULL");
+    colibri_sampling s = sampling ? *sampling : colibri_default_sampling();
+    auto reqs = make_requests(prompts, lengths, n_sequences);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      reqs[i].max_new_tokens = s.max_new_tokens;
+      reqs[i].ignore_eos = s.ignore_eos != 0;
+      reqs[i].sampling = {s.temperature, s.top_k, s.top_p, s.seed + i};
+    }
+    colibri::GenerateOptions go;
+    if (callback)
+      go.on_token = [&](int seq, int pos, int32_t tok) { return callback(user_data, seq, pos, tok) == 0; };
+    colibri::GenerateStats gs;
+    auto out = model->engine->generate(reqs, go, &gs);
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out_counts) out_counts[i] = static_cast<int32_t>(out[i].tokens.size());
+      if (out_tokens)
+        std::memcpy(out_tokens + i * static_cast<size_t>(s.max_new_tokens), out[i].tokens.data(),
+                    out[i].tokens.size() * sizeof(int32_t));
+    }
+    cancelled = gs.cancelled;
+  });
+  if (st == COLIBRI_OK && cancelled) {
+    g_last_error = "generation stopped by the token callback";
+    return COLIBRI_ERR_CANCELLED;
+  }
+  return st;
+}
+
+void colibri_free(colibri_model* model) { delete model; }
+
+const char* colibri_status_string(colibri_status status) {
+  switch (status) {
+    case COLIBRI_OK: return "ok";
+    case COLIBRI_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case COLIBRI_ERR_IO: return "i/o error";
+    case COLIBRI_ERR_FORMAT: return "malformed model file";
+    case COLIBRI_ERR_CHECKSUM: return "checksum mismatch";
+    case COLIBRI_ERR_UNSUPPORTED: return "unsupported";
+    case COLIBRI_ERR_OUT_OF_MEMORY: return "out of memory";
+    case COLIBRI_ERR_COMM: return "communication error";
+    case COLIBRI_ERR_CANCELLED: return "cancelled";
+    case COLIBRI_ERR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+const char* colibri_last_error(void) { return g_last_error.c_str(); }
+
+}  // extern "C"

@@ -1,0 +1,129 @@
+// cmd_inspect.cpp: colibri inspect FILE [--verify] [--json]
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "launcher/commands.h"
+#include "model/colibri_file.h"
+#include "model/error.h"
+
+namespace colibri::cli {
+
+namespace {
+std::string hex64(uint64_t v) {
+  char b[20];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+}  // namespace
+
+int cmd_inspect(int argc, char** argv) {
+  cxxopts::Options o("colibri inspect", "Show a .colibri file: config, tensors, expert index, sizes, checksums.");
+  o.add_options()("file", ".colibri file", cxxopts::value<std::string>())(
+      "verify", "Check the checksum of every tensor and expert block")("json", "Print JSON instead of text")(
+      "experts", "List every expert block (text mode)");
+  add_common_options(o);
+  o.parse_positional({"file"});
+  o.positional_help("FILE");
+  auto r = o.parse(argc, argv);
+  if (handle_common(o, r)) return 0;
+  if (!r.count("file")) throw Error(Status::InvalidArgument, "inspect needs FILE (see colibri inspect --help)");
+  const bool verify = r.count("verify") > 0, as_json = r.count("json") > 0;
+  ColibriFile::Options fo;
+  fo.verify_dense = false;  // --verify reports every mismatch below instead of stopping at the first
+  auto f = ColibriFile::open(r["file"].as<std::string>(), fo);
+  const auto& h = f->header();
+
+  uint64_t dense_bytes = 0, expert_bytes = 0;
+  int bad = 0;
+  nlohmann::json jt = nlohmann::json::array(), je = nlohmann::json::array();
+  std::vector<std::string> failures;
+  for (const auto& t : f->tensors()) {
+    dense_bytes += t.size;
+    bool ok = true;
+    if (verify) {
+      try {
+        f->verify_tensor(t);
+      } catch (const Error& e) {
+        ok = false;
+        ++bad;
+        failures.push_back(e.what());
+      }
+    }
+    nlohmann::json x = {{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
+                        {"offset", t.offset}, {"size", t.size}, {"checksum", hex64(t.checksum)}};
+    if (verify) x["ok"] = ok;
+    jt.push_back(x);
+  }
+  for (const auto& e : f->experts()) {
+    expert_bytes += e.size;
+    bool ok = true;
+    if (verify) {
+      try {
+        f->verify_expert(e);
+      } catch (const Error& err) {
+        ok = false;
+        ++bad;
+        failures.push_back(err.what());
+      }
+    }
+    nlohmann::json x = {{"layer", e.layer}, {"expert", e.expert}, {"dtype", dtype_name(e.dtype)},
+                        {"offset", e.offset}, {"size", e.size}, {"checksum", hex64(e.checksum)}};
+    if (verify) x["ok"] = ok;
+    je.push_back(x);
+  }
+
+  if (as_json) {
+    nlohmann::json out = {
+        {"file", f->path()},
+        {"format_version", h.version},
+        {"file_size", f->file_size()},
+        {"config", f->config().to_json()},
+        {"dense_bytes", dense_bytes},
+        {"expert_bytes", expert_bytes},
+        {"tensors", jt},
+        {"experts", je},
+    };
+    if (verify) out["verified"] = {{"ok", bad == 0}, {"failures", failures}};
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    const auto& c = f->config();
+    std::printf("file        %s\n", f->path().c_str());
+    std::printf("format      colibri v%u, %.2f MiB (dense %.2f MiB, experts %.2f MiB)\n", h.version,
+                f->file_size() / 1048576.0, dense_bytes / 1048576.0, expert_bytes / 1048576.0);
+    std::printf("model       %s: %lld layers, hidden %lld, %lld heads (%lld kv, head_dim %lld), vocab %lld\n",
+                c.architecture.c_str(), (long long)c.num_layers, (long long)c.hidden_size, (long long)c.num_heads,
+                (long long)c.num_kv_heads, (long long)c.head_dim, (long long)c.vocab_size);
+    std::printf("moe         %lld experts, top-%lld, intermediate %lld, routing %s%s, expert dtype %s\n",
+                (long long)c.num_experts, (long long)c.experts_per_token, (long long)c.intermediate_size,
+                c.routing.scoring.c_str(), c.routing.norm_topk_prob ? " + renormalise top-k" : "",
+                dtype_name(f->expert_dtype()));
+    std::printf("attention   rope_theta %g, context %lld, sliding window %lld, rms_norm_eps %g, tied %s\n",
+                c.rope_theta, (long long)c.max_position_embeddings, (long long)c.sliding_window, c.rms_norm_eps,
+                c.tie_word_embeddings ? "yes" : "no");
+    std::printf("\n%-32s %-5s %-16s %12s %12s %s\n", "tensor", "dtype", "shape", "offset", "bytes", "checksum");
+    for (const auto& t : f->tensors())
+      std::printf("%-32s %-5s %-16s %12llu %12llu %s\n", t.name.c_str(), dtype_name(t.dtype), shape_str(t.shape).c_str(),
+                  (unsigned long long)t.offset, (unsigned long long)t.size, hex64(t.checksum).c_str());
+    std::printf("\nexpert index: %zu blocks of %llu bytes\n", f->experts().size(),
+                (unsigned long long)f->experts().front().size);
+    if (r.count("experts"))
+      for (const auto& e : f->experts())
+        std::printf("  layer %3d expert %4d offset %12llu checksum %s\n", e.layer, e.expert,
+                    (unsigned long long)e.offset, hex64(e.checksum).c_str());
+    if (verify) {
+      for (const auto& m : failures) std::printf("FAIL %s\n", m.c_str());
+      std::printf("verify: %s (%zu tensors, %zu expert blocks, %d mismatches)\n", bad ? "FAILED" : "ok",
+                  f->tensors().size(), f->experts().size(), bad);
+    }
+  }
+  return bad ? exit_code(Status::Checksum) : 0;
+}
+
+}  // namespace colibri::cli

@@ -1,0 +1,33 @@
+// commands.h: the subcommands of the colibri executable.
+#pragma once
+#include <string>
+
+// NOTE: repeated options keep commas (--prompt-ids 1,2,3 is one prompt).
+#define CXXOPTS_VECTOR_DELIMITER '\x1f'
+#include <cxxopts.hpp>
+
+namespace colibri::cli {
+
+int cmd_convert(int argc, char** argv);
+int cmd_inspect(int argc, char** argv);
+int cmd_synth(int argc, char** argv);
+int cmd_generate(int argc, char** argv);
+
+// Adds --verbose/--log-level/--help to a subcommand's options.
+void add_common_options(cxxopts::Options& o);
+// Applies the common options; returns true when --help was printed.
+bool handle_common(const cxxopts::Options& o, const cxxopts::ParseResult& r);
+
+// Progress on stderr: a rewritten line on a terminal, a line per quarter otherwise.
+class Progress {
+ public:
+  explicit Progress(std::string what) : what_(std::move(what)) {}
+  void update(uint64_t done, uint64_t total);
+  void finish();
+
+ private:
+  std::string what_;
+  int last_decile_ = -1;
+};
+
+}  // namespace colibri::cli

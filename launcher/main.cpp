@@ -1,0 +1,115 @@
+// main.cpp: the colibri executable: dispatches to subcommands and turns errors
+// into messages and exit codes (the only place that does).
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "launcher/commands.h"
+#include "model/error.h"
+
+namespace colibri::cli {
+
+void add_common_options(cxxopts::Options& o) {
+  o.add_options("common")("v,verbose", "Log more (debug level)")(
+      "log-level", "Log level: trace, debug, info, warn, error, off", cxxopts::value<std::string>()->default_value("info"))(
+      "h,help", "Show this help");
+}
+
+bool handle_common(const cxxopts::Options& o, const cxxopts::ParseResult& r) {
+  if (r.count("help")) {
+    std::printf("%s\n", o.help().c_str());
+    return true;
+  }
+  auto lvl = spdlog::level::from_str(r["log-level"].as<std::string>());
+  if (r.count("verbose")) lvl = spdlog::level::debug;
+  spdlog::set_level(lvl);
+  return false;
+}
+
+void Progress::update(uint64_t done, uint64_t total) {
+  if (total == 0) return;
+  int pct = static_cast<int>(100.0 * done / total);
+  if (isatty(STDERR_FILENO)) {
+    std::fprintf(stderr, "\r%s: %3d%% (%.1f / %.1f MiB)", what_.c_str(), pct, done / 1048576.0, total / 1048576.0);
+    std::fflush(stderr);
+    last_decile_ = 0;
+  } else if (pct / 25 != last_decile_) {
+    last_decile_ = pct / 25;
+    spdlog::info("{}: {}% ({:.1f} / {:.1f} MiB)", what_, pct, done / 1048576.0, total / 1048576.0);
+  }
+}
+
+void Progress::finish() {
+  if (isatty(STDERR_FILENO) && last_decile_ >= 0) std::fprintf(stderr, "\n");
+}
+
+}  // namespace colibri::cli
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*fn)(int, char**);
+  const char* help;
+};
+
+const Command kCommands[] = {
+    {"synth", colibri::cli::cmd_synth, "write a Hugging Face-format model with seeded random weights"},
+    {"convert", colibri::cli::cmd_convert, "convert a Hugging Face checkpoint directory to a .colibri file"},
+    {"inspect", colibri::cli::cmd_inspect, "show (and verify) a .colibri file"},
+    {"generate", colibri::cli::cmd_generate, "generate tokens from prompts of token ids (one process)"},
+};
+
+void usage(std::FILE* f) {
+  std::fprintf(f, "colibri %s: expert-parallel inference for Mixture-of-Experts models\n\n", COLIBRI_VERSION);
+  std::fprintf(f, "usage: colibri <command> [options]   (colibri <command> --help for its options)\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(f, "  %-10s %s\n", c.name, c.help);
+  std::fprintf(f, "\nexit codes: 0 ok, 2 usage, 11 invalid argument, 12 i/o, 13 malformed file, 14 checksum,\n"
+                  "            15 unsupported, 16 out of memory, 17 communication, 18 cancelled, 19 internal\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto logger = spdlog::stderr_color_mt("colibri");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  std::string cmd = argv[1];
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    usage(stdout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    std::printf("colibri %s\n", COLIBRI_VERSION);
+    return 0;
+  }
+  for (const auto& c : kCommands) {
+    if (cmd != c.name) continue;
+    try {
+      return c.fn(argc - 1, argv + 1);
+    } catch (const colibri::Error& e) {
+      spdlog::error("{}", e.what());
+      return colibri::exit_code(e.status());
+    } catch (const cxxopts::exceptions::exception& e) {
+      spdlog::error("{} (see colibri {} --help)", e.what(), c.name);
+      return 2;
+    } catch (const std::bad_alloc&) {
+      spdlog::error("out of memory");
+      return colibri::exit_code(colibri::Status::OutOfMemory);
+    } catch (const std::exception& e) {
+      spdlog::error("internal error: {}", e.what());
+      return colibri::exit_code(colibri::Status::Internal);
+    }
+  }
+  std::fprintf(stderr, "colibri: unknown command '%s'\n\n", cmd.c_str());
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,419 @@
+// colibri_file.cpp: .colibri reader (validation of every offset, size, shape and
+// dtype before use) and streaming writer.
+#include "model/colibri_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "model/error.h"
+
+namespace colibri {
+
+static_assert(std::endian::native == std::endian::little, "the .colibri format is little-endian");
+
+uint64_t checksum64(const void* data, size_t n) { return XXH3_64bits(data, n); }
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+namespace tname {
+std::string token_embd() { return "token_embd"; }
+std::string output_norm() { return "output_norm"; }
+std::string output() { return "output"; }
+std::string layer(int l, const char* what) { return "blk." + std::to_string(l) + "." + what; }
+}  // namespace tname
+
+static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+ExpertLayout expert_layout(const ModelConfig& c, DType dtype) {
+  const uint64_t mat = static_cast<uint64_t>(c.intermediate_size) * c.hidden_size * dtype_size(dtype);
+  ExpertLayout l{};
+  l.gate_offset = 0;
+  l.up_offset = align_up(mat, kMatrixAlign);
+  l.down_offset = l.up_offset + align_up(mat, kMatrixAlign);
+  l.size = l.down_offset + mat;
+  return l;
+}
+
+std::vector<TensorSpec> dense_tensor_specs(const ModelConfig& c) {
+  const int64_t H = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  std::vector<TensorSpec> v;
+  v.push_back({tname::token_embd(), {c.vocab_size, H}});
+  for (int l = 0; l < c.num_layers; ++l) {
+    v.push_back({tname::layer(l, "attn_norm"), {H}, true});
+    v.push_back({tname::layer(l, "attn_q"), {q, H}});
+    v.push_back({tname::layer(l, "attn_k"), {kv, H}});
+    v.push_back({tname::layer(l, "attn_v"), {kv, H}});
+    v.push_back({tname::layer(l, "attn_output"), {H, q}});
+    v.push_back({tname::layer(l, "ffn_norm"), {H}, true});
+    v.push_back({tname::layer(l, "ffn_gate_inp"), {c.num_experts, H}});
+  }
+  v.push_back({tname::output_norm(), {H}, true});
+  if (!c.tie_word_embeddings) v.push_back({tname::output(), {c.vocab_size, H}});
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// Reader
+
+namespace {
+
+[[noreturn]] void bad(const std::string& path, const std::string& msg) {
+  throw Error(Status::Format, path + ": " + msg);
+}
+
+// a + b <= limit without overflow
+bool fits(uint64_t a, uint64_t b, uint64_t limit) { return a <= limit && b <= limit - a; }
+
+}  // namespace
+
+const TensorView* ColibriFile::find(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const TensorView& ColibriFile::tensor(const std::string& name) const {
+  const TensorView* t = find(name);
+  if (!t) throw Error(Status::Format, path() + ": missing tensor '" + name + "'");
+  return *t;
+}
+
+const ExpertView& ColibriFile::expert(int layer, int expert) const {
+  if (layer < 0 || layer >= config_.num_layers || expert < 0 || expert >= config_.num_experts)
+    throw Error(Status::InvalidArgument, "expert (" + std::to_string(layer) + ", " + std::to_string(expert) + ") out of range");
+  return experts_[static_cast<size_t>(layer) * config_.num_experts + expert];
+}
+
+void ColibriFile::verify_expert(const ExpertView& e) const {
+  uint64_t got = checksum64(e.block, e.size);
+  if (got != e.checksum) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%016llx, expected %016llx", (unsigned long long)got, (unsigned long long)e.checksum);
+    throw Error(Status::Checksum, path() + ": checksum mismatch in expert " + std::to_string(e.expert) + " of layer " +
+                                      std::to_string(e.layer) + " (offset " + std::to_string(e.offset) + "): got " + buf);
+  }
+}
+
+void ColibriFile::verify_tensor(const TensorView& t) const {
+  uint64_t got = checksum64(t.data, t.size);
+  if (got != t.checksum)
+    throw Error(Status::Checksum, path() + ": checksum mismatch in tensor '" + t.name + "' (offset " +
+                                      std::to_string(t.offset) + ")");
+}
+
+std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options opts) {
+  std::shared_ptr<ColibriFile> f(new ColibriFile());
+  f->file_ = MappedFile(path);
+  const uint64_t fsize = f->file_.size();
+  const uint8_t* base = f->file_.data();
+  if (fsize < kHeaderSize) bad(path, "file is " + std::to_string(fsize) + " bytes, shorter than the 128-byte header");
+  FileHeader& h = f->header_;
+  std::memcpy(&h, base, sizeof h);
+  if (std::memcmp(h.magic, kColibriMagic, 8) != 0) bad(path, "not a .colibri file (bad magic)");
+  if (h.version != kColibriVersion)
+    throw Error(Status::Unsupported, path + ": format version " + std::to_string(h.version) +
+                                         " is not supported (this build reads version " + std::to_string(kColibriVersion) + ")");
+  if (h.header_size != kHeaderSize) bad(path, "header size " + std::to_string(h.header_size) + " != 128");
+  if (h.alignment != kBlockAlign) bad(path, "alignment " + std::to_string(h.alignment) + " != 4096");
+  if (h.file_size != fsize)
+    bad(path, "file is " + std::to_string(fsize) + " bytes but its header says " + std::to_string(h.file_size) +
+                  " (truncated or appended to)");
+  if (h.config_offset != kHeaderSize) bad(path, "config offset " + std::to_string(h.config_offset) + " != 128");
+  if (h.config_size == 0 || h.config_size > (16u << 20) || !fits(h.config_offset, h.config_size, fsize))
+    bad(path, "config size " + std::to_string(h.config_size) + " is out of range");
+  if (h.tensor_count > 1000000 || h.expert_count > 100000000) bad(path, "absurd tensor or expert count");
+  const uint64_t dir_bytes = h.tensor_count * kTensorRecordSize, idx_bytes = h.expert_count * kExpertRecordSize;
+  if (h.tensor_dir_offset < h.config_offset + h.config_size || !fits(h.tensor_dir_offset, dir_bytes, fsize))
+    bad(path, "tensor directory [" + std::to_string(h.tensor_dir_offset) + ", +" + std::to_string(dir_bytes) +
+                  ") is outside the file or overlaps the config");
+  if (h.expert_index_offset < h.tensor_dir_offset + dir_bytes || !fits(h.expert_index_offset, idx_bytes, fsize))
+    bad(path, "expert index is outside the file or overlaps the tensor directory");
+  if (h.data_offset < h.expert_index_offset + idx_bytes || h.data_offset > fsize || h.data_offset % kBlockAlign)
+    bad(path, "data offset " + std::to_string(h.data_offset) + " is misplaced or not 4096-aligned");
+  if (checksum64(base + h.config_offset, h.data_offset - h.config_offset) != h.meta_checksum)
+    throw Error(Status::Checksum, path + ": checksum mismatch in the config, tensor directory or expert index");
+
+  try {
+    std::string text(reinterpret_cast<const char*>(base + h.config_offset), h.config_size);
+    f->config_ = ModelConfig::from_json(nlohmann::json::parse(text));
+  } catch (const nlohmann::json::exception& e) {
+    bad(path, std::string("embedded config is not valid JSON (") + e.what() + ")");
+  } catch (const Error& e) {
+    bad(path, e.what());
+  }
+  const ModelConfig& c = f->config_;
+
+  struct Range { uint64_t b, e; std::string what; };
+  std::vector<Range> ranges;
+  auto check_block = [&](uint64_t off, uint64_t size, const std::string& what) {
+    if (off % kBlockAlign) bad(path, what + " offset " + std::to_string(off) + " is not 4096-aligned");
+    if (off < h.data_offset || !fits(off, size, fsize))
+      bad(path, what + " [" + std::to_string(off) + ", +" + std::to_string(size) + ") lies outside the data region");
+    ranges.push_back({off, off + size, what});
+  };
+
+  std::set<std::string> names;
+  for (uint64_t i = 0; i < h.tensor_count; ++i) {
+    TensorRecord r;
+    std::memcpy(&r, base + h.tensor_dir_offset + i * kTensorRecordSize, sizeof r);
+    if (std::memchr(r.name, 0, sizeof r.name) == nullptr || r.name[0] == 0)
+      bad(path, "tensor record " + std::to_string(i) + " has an empty or unterminated name");
+    TensorView t;
+    t.name = r.name;
+    std::string what = "tensor '" + t.name + "'";
+    if (!names.insert(t.name).second) bad(path, what + " appears twice");
+    if (!dtype_valid(r.dtype)) bad(path, what + " has invalid dtype " + std::to_string(r.dtype));
+    t.dtype = static_cast<DType>(r.dtype);
+    if (r.ndim < 1 || r.ndim > kMaxDims) bad(path, what + " has " + std::to_string(r.ndim) + " dimensions");
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < r.ndim; ++d) {
+      if (r.shape[d] < 1 || r.shape[d] > (int64_t(1) << 32)) bad(path, what + " has dimension " + std::to_string(r.shape[d]));
+      if (numel > (uint64_t(1) << 40)) bad(path, what + " is absurdly large");
+      numel *= static_cast<uint64_t>(r.shape[d]);
+      t.shape.push_back(r.shape[d]);
+    }
+    if (r.size != numel * dtype_size(t.dtype))
+      bad(path, what + " size " + std::to_string(r.size) + " does not match its shape and dtype (" +
+                    std::to_string(numel * dtype_size(t.dtype)) + " bytes)");
+    check_block(r.offset, r.size, what);
+    t.offset = r.offset;
+    t.size = r.size;
+    t.checksum = r.checksum;
+    t.data = base + r.offset;
+    f->tensors_.push_back(std::move(t));
+  }
+
+  const uint64_t want_experts = static_cast<uint64_t>(c.num_layers) * c.num_experts;
+  if (h.expert_count != want_experts)
+    bad(path, "expert index has " + std::to_string(h.expert_count) + " entries; the config needs " +
+                  std::to_string(want_experts) + " (" + std::to_string(c.num_layers) + " layers x " +
+                  std::to_string(c.num_experts) + " experts)");
+  f->experts_.resize(want_experts);
+  std::vector<bool> seen(want_experts, false);
+  for (uint64_t i = 0; i < h.expert_count; ++i) {
+    ExpertRecord r;
+    std::memcpy(&r, base + h.expert_index_offset + i * kExpertRecordSize, sizeof r);
+    if (r.layer >= c.num_layers || r.expert >= c.num_experts)
+      bad(path, "expert record " + std::to_string(i) + " names (layer " + std::to_string(r.layer) + ", expert " +
+                    std::to_string(r.expert) + "), outside the config");
+    const uint64_t slot = static_cast<uint64_t>(r.layer) * c.num_experts + r.expert;
+    std::string what = "expert " + std::to_string(r.expert) + " of layer " + std::to_string(r.layer);
+    if (seen[slot]) bad(path, what + " appears twice in the expert index");
+    seen[slot] = true;
+    if (!dtype_valid(r.dtype)) bad(path, what + " has invalid dtype " + std::to_string(r.dtype));
+    DType dt = static_cast<DType>(r.dtype);
+    ExpertLayout lay = expert_layout(c, dt);
+    if (r.size != lay.size || r.gate_offset != lay.gate_offset || r.up_offset != lay.up_offset ||
+        r.down_offset != lay.down_offset)
+      bad(path, what + " block layout (size " + std::to_string(r.size) + ") does not match the config (size " +
+                    std::to_string(lay.size) + ")");
+    check_block(r.offset, r.size, what);
+    ExpertView& e = f->experts_[slot];
+    e.layer = static_cast<int>(r.layer);
+    e.expert = static_cast<int>(r.expert);
+    e.dtype = dt;
+    e.block = base + r.offset;
+    e.gate = e.block + r.gate_offset;
+    e.up = e.block + r.up_offset;
+    e.down = e.block + r.down_offset;
+    e.offset = r.offset;
+    e.size = r.size;
+    e.checksum = r.checksum;
+  }
+  for (const auto& e : f->experts_)
+    if (e.dtype != f->experts_.front().dtype) bad(path, "experts are stored in more than one dtype");
+
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.b < b.b; });
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].b < ranges[i - 1].e) bad(path, ranges[i - 1].what + " and " + ranges[i].what + " overlap");
+
+  for (const auto& spec : dense_tensor_specs(c)) {
+    const TensorView* t = f->find(spec.name);
+    if (!t) bad(path, "missing tensor '" + spec.name + "' required by the config");
+    if (t->shape != spec.shape) {
+      std::string s;
+      for (auto d : spec.shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
+      bad(path, "tensor '" + spec.name + "' has the wrong shape for the config (expected [" + s + "])");
+    }
+  }
+  if (opts.verify_dense)
+    for (const auto& t : f->tensors_) f->verify_tensor(t);
+  return f;
+}
+
+// ---------------------------------------------------------------------------
+// Writer
+
+struct ColibriWriter::Impl {
+  std::string path, tmp;
+  int fd = -1;
+  bool finished = false;
+  ModelConfig config;
+  std::vector<DenseTensor> dense;
+  std::vector<TensorRecord> tensor_records;
+  std::vector<ExpertRecord> expert_records;
+  std::vector<bool> dense_written, expert_written;
+  ExpertLayout layout{};
+  DType expert_dtype = DType::F32;
+  std::string config_text;
+  FileHeader header{};
+
+  void pwrite_all(const void* p, size_t n, uint64_t off) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      ssize_t w = ::pwrite(fd, c, n, static_cast<off_t>(off));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        throw Error(Status::Io, "write to '" + tmp + "' failed: " + std::strerror(errno));
+      }
+      c += w;
+      n -= static_cast<size_t>(w);
+      off += static_cast<uint64_t>(w);
+    }
+  }
+};
+
+ColibriWriter::ColibriWriter(const std::string& path, const ModelConfig& config, const std::vector<DenseTensor>& dense,
+                             DType expert_dtype)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  config.validate();
+  m.path = path;
+  m.tmp = path + ".tmp";
+  m.config = config;
+  m.dense = dense;
+  m.expert_dtype = expert_dtype;
+  m.layout = expert_layout(config, expert_dtype);
+  m.config_text = config.to_json().dump(2);
+
+  FileHeader& h = m.header;
+  std::memcpy(h.magic, kColibriMagic, 8);
+  h.version = kColibriVersion;
+  h.header_size = kHeaderSize;
+  h.alignment = kBlockAlign;
+  h.config_offset = kHeaderSize;
+  h.config_size = m.config_text.size();
+  h.tensor_dir_offset = align_up(h.config_offset + h.config_size, 8);
+  h.tensor_count = dense.size();
+  h.expert_index_offset = h.tensor_dir_offset + h.tensor_count * kTensorRecordSize;
+  h.expert_count = static_cast<uint64_t>(config.num_layers) * config.num_experts;
+  h.data_offset = align_up(h.expert_index_offset + h.expert_count * kExpertRecordSize, kBlockAlign);
+
+  uint64_t off = h.data_offset;
+  for (const auto& d : dense) {
+    if (d.name.size() > kMaxTensorName) throw Error(Status::InvalidArgument, "tensor name too long: " + d.name);
+    if (d.shape.empty() || d.shape.size() > kMaxDims) throw Error(Status::InvalidArgument, "bad rank for " + d.name);
+    TensorRecord r{};
+    std::memcpy(r.name, d.name.data(), d.name.size());
+    r.dtype = static_cast<uint32_t>(d.dtype);
+    r.ndim = static_cast<uint32_t>(d.shape.size());
+    uint64_t n = dtype_size(d.dtype);
+    for (size_t i = 0; i < d.shape.size(); ++i) {
+      r.shape[i] = d.shape[i];
+      n *= static_cast<uint64_t>(d.shape[i]);
+    }
+    r.offset = off;
+    r.size = n;
+    off = align_up(off + n, kBlockAlign);
+    m.tensor_records.push_back(r);
+  }
+  for (int l = 0; l < config.num_layers; ++l)
+    for (int e = 0; e < config.num_experts; ++e) {
+      ExpertRecord r{};
+      r.layer = static_cast<uint32_t>(l);
+      r.expert = static_cast<uint32_t>(e);
+      r.offset = off;
+      r.size = m.layout.size;
+      r.dtype = static_cast<uint32_t>(expert_dtype);
+      r.gate_offset = m.layout.gate_offset;
+      r.up_offset = m.layout.up_offset;
+      r.down_offset = m.layout.down_offset;
+      off = align_up(off + r.size, kBlockAlign);
+      m.expert_records.push_back(r);
+    }
+  // NOTE: the last block is padded to the alignment too, so file_size is a
+  // multiple of 4096 and every block can be mapped whole.
+  h.file_size = off;
+  m.dense_written.assign(dense.size(), false);
+  m.expert_written.assign(m.expert_records.size(), false);
+
+  m.fd = ::open(m.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (m.fd < 0) throw Error(Status::Io, "cannot create '" + m.tmp + "': " + std::strerror(errno));
+  if (::ftruncate(m.fd, static_cast<off_t>(h.file_size)) != 0)
+    throw Error(Status::Io, "cannot size '" + m.tmp + "' to " + std::to_string(h.file_size) + " bytes: " + std::strerror(errno));
+}
+
+ColibriWriter::~ColibriWriter() {
+  if (!impl_) return;
+  if (impl_->fd >= 0) ::close(impl_->fd);
+  if (!impl_->finished) ::unlink(impl_->tmp.c_str());
+}
+
+size_t ColibriWriter::num_dense() const { return impl_->dense.size(); }
+const ColibriWriter::DenseTensor& ColibriWriter::dense(size_t i) const { return impl_->dense.at(i); }
+const ExpertLayout& ColibriWriter::layout() const { return impl_->layout; }
+uint64_t ColibriWriter::total_bytes() const { return impl_->header.file_size; }
+
+void ColibriWriter::write_dense(size_t i, const void* data, size_t nbytes) {
+  Impl& m = *impl_;
+  TensorRecord& r = m.tensor_records.at(i);
+  if (nbytes != r.size) throw Error(Status::Internal, "write_dense: size mismatch for " + m.dense[i].name);
+  r.checksum = checksum64(data, nbytes);
+  m.pwrite_all(data, nbytes, r.offset);
+  m.dense_written[i] = true;
+}
+
+void ColibriWriter::write_expert(int layer, int expert, const void* block, size_t nbytes) {
+  Impl& m = *impl_;
+  if (layer < 0 || layer >= m.config.num_layers || expert < 0 || expert >= m.config.num_experts)
+    throw Error(Status::Internal, "write_expert: index out of range");
+  size_t slot = static_cast<size_t>(layer) * m.config.num_experts + expert;
+  ExpertRecord& r = m.expert_records[slot];
+  if (nbytes != r.size) throw Error(Status::Internal, "write_expert: size mismatch");
+  r.checksum = checksum64(block, nbytes);
+  m.pwrite_all(block, nbytes, r.offset);
+  m.expert_written[slot] = true;
+}
+
+void ColibriWriter::finish() {
+  Impl& m = *impl_;
+  for (size_t i = 0; i < m.dense_written.size(); ++i)
+    if (!m.dense_written[i]) throw Error(Status::Internal, "finish: tensor '" + m.dense[i].name + "' was never written");
+  for (size_t i = 0; i < m.expert_written.size(); ++i)
+    if (!m.expert_written[i]) throw Error(Status::Internal, "finish: expert slot " + std::to_string(i) + " was never written");
+  FileHeader& h = m.header;
+  // Metadata region [config_offset, data_offset): config, padding, directory, index, padding.
+  std::vector<uint8_t> meta(h.data_offset - h.config_offset, 0);
+  std::memcpy(meta.data(), m.config_text.data(), m.config_text.size());
+  std::memcpy(meta.data() + (h.tensor_dir_offset - h.config_offset), m.tensor_records.data(),
+              m.tensor_records.size() * kTensorRecordSize);
+  std::memcpy(meta.data() + (h.expert_index_offset - h.config_offset), m.expert_records.data(),
+              m.expert_records.size() * kExpertRecordSize);
+  h.meta_checksum = checksum64(meta.data(), meta.size());
+  m.pwrite_all(meta.data(), meta.size(), h.config_offset);
+  m.pwrite_all(&h, sizeof h, 0);
+  if (::fsync(m.fd) != 0) throw Error(Status::Io, "fsync of '" + m.tmp + "' failed: " + std::strerror(errno));
+  ::close(m.fd);
+  m.fd = -1;
+  if (std::rename(m.tmp.c_str(), m.path.c_str()) != 0)
+    throw Error(Status::Io, "cannot rename '" + m.tmp + "' to '" + m.path + "': " + std::strerror(errno));
+  m.finished = true;
+}
+
+}  // namespace colibri

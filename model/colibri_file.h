@@ -1,0 +1,181 @@
+// colibri_file.h: the .colibri model file (see docs/format.md): a mmapped,
+// validated reader and a streaming writer.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/dtype.h"
+#include "model/mapped_file.h"
+
+namespace colibri {
+
+inline constexpr char kColibriMagic[8] = {'C', 'O', 'L', 'I', 'B', 'R', 'I', '\0'};
+inline constexpr uint32_t kColibriVersion = 1;
+inline constexpr uint32_t kHeaderSize = 128;
+inline constexpr uint64_t kBlockAlign = 4096;   // every data block starts on a page
+inline constexpr uint64_t kMatrixAlign = 64;    // matrices inside an expert block
+inline constexpr size_t kTensorRecordSize = 160;
+inline constexpr size_t kExpertRecordSize = 64;
+inline constexpr size_t kMaxTensorName = 95;    // plus a terminating NUL
+inline constexpr int kMaxDims = 4;
+
+// The fixed header at offset 0; all integers little-endian.
+struct FileHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t header_size;
+  uint64_t file_size;
+  uint64_t config_offset;
+  uint64_t config_size;
+  uint64_t tensor_dir_offset;
+  uint64_t tensor_count;
+  uint64_t expert_index_offset;
+  uint64_t expert_count;
+  uint64_t data_offset;
+  uint64_t meta_checksum;  // XXH3-64 of bytes [config_offset, data_offset)
+  uint32_t alignment;
+  uint32_t reserved0;
+  uint8_t reserved[32];
+};
+static_assert(sizeof(FileHeader) == kHeaderSize);
+
+struct TensorRecord {
+  char name[96];
+  uint32_t dtype;
+  uint32_t ndim;
+  int64_t shape[kMaxDims];
+  uint64_t offset;
+  uint64_t size;
+  uint64_t checksum;  // XXH3-64 of the tensor's bytes
+};
+static_assert(sizeof(TensorRecord) == kTensorRecordSize);
+
+struct ExpertRecord {
+  uint32_t layer;
+  uint32_t expert;
+  uint64_t offset;
+  uint64_t size;
+  uint64_t checksum;  // XXH3-64 of the whole block
+  uint32_t dtype;
+  uint32_t reserved;
+  uint64_t gate_offset;  // relative to the block: gate [intermediate, hidden]
+  uint64_t up_offset;    // up   [intermediate, hidden]
+  uint64_t down_offset;  // down [hidden, intermediate]
+};
+static_assert(sizeof(ExpertRecord) == kExpertRecordSize);
+
+struct TensorView {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  uint64_t offset = 0, size = 0, checksum = 0;
+  int64_t numel() const;
+};
+
+// One expert's weights: three row-major matrices inside one contiguous block.
+struct ExpertView {
+  int layer = 0, expert = 0;
+  DType dtype = DType::F32;
+  const uint8_t* block = nullptr;
+  const void* gate = nullptr;  // [intermediate, hidden]
+  const void* up = nullptr;    // [intermediate, hidden]
+  const void* down = nullptr;  // [hidden, intermediate]
+  uint64_t offset = 0, size = 0, checksum = 0;
+};
+
+uint64_t checksum64(const void* data, size_t n);
+
+// Canonical tensor names inside a .colibri file.
+namespace tname {
+std::string token_embd();
+std::string output_norm();
+std::string output();
+std::string layer(int l, const char* what);  // "blk.{l}.{what}"
+}  // namespace tname
+
+// Byte layout of one expert block for a config and dtype.
+struct ExpertLayout {
+  uint64_t gate_offset, up_offset, down_offset, size;
+};
+ExpertLayout expert_layout(const ModelConfig& c, DType dtype);
+
+// The dense tensors (name, shape) a config needs, in file order.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool is_norm = false;  // 1-D norm weights are always stored f32
+};
+std::vector<TensorSpec> dense_tensor_specs(const ModelConfig& c);
+
+class ColibriFile {
+ public:
+  struct Options {
+    bool verify_dense = true;  // check dense tensors' checksums at open
+  };
+  // Maps the file and validates header, config, directory and expert index
+  // against the file length and the config. Throws Error(Io|Format|Checksum).
+  static std::shared_ptr<ColibriFile> open(const std::string& path, Options opts);
+  static std::shared_ptr<ColibriFile> open(const std::string& path) { return open(path, Options{}); }
+
+  const ModelConfig& config() const { return config_; }
+  const FileHeader& header() const { return header_; }
+  const std::string& path() const { return file_.path(); }
+  size_t file_size() const { return file_.size(); }
+  const std::vector<TensorView>& tensors() const { return tensors_; }
+  const TensorView* find(const std::string& name) const;
+  const TensorView& tensor(const std::string& name) const;  // throws Error(Format)
+  // Unverified view of an expert block (the worker's store verifies it).
+  const ExpertView& expert(int layer, int expert) const;
+  const std::vector<ExpertView>& experts() const { return experts_; }
+  DType expert_dtype() const { return experts_.front().dtype; }
+  // Checks an expert block's checksum; throws Error(Checksum) naming it.
+  void verify_expert(const ExpertView& e) const;
+  void verify_tensor(const TensorView& t) const;
+  void prefetch(uint64_t offset, uint64_t size) const { file_.prefetch(offset, size); }
+
+ private:
+  ColibriFile() = default;
+  MappedFile file_;
+  FileHeader header_{};
+  ModelConfig config_;
+  std::vector<TensorView> tensors_;
+  std::vector<ExpertView> experts_;  // [layer * num_experts + expert]
+};
+
+// Streaming writer: offsets are planned up front, tensors and experts are
+// written with pwrite as they come (peak memory about one tensor), the
+// directory and header last, into PATH.tmp, renamed to PATH by finish().
+// Destroyed unfinished, it removes PATH.tmp.
+class ColibriWriter {
+ public:
+  struct DenseTensor {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+  };
+  ColibriWriter(const std::string& path, const ModelConfig& config, const std::vector<DenseTensor>& dense,
+                DType expert_dtype);
+  ~ColibriWriter();
+  ColibriWriter(const ColibriWriter&) = delete;
+  ColibriWriter& operator=(const ColibriWriter&) = delete;
+
+  size_t num_dense() const;
+  const DenseTensor& dense(size_t i) const;
+  const ExpertLayout& layout() const;
+  // `data` holds the tensor in its declared dtype.
+  void write_dense(size_t i, const void* data, size_t nbytes);
+  // `block` is ExpertLayout::size bytes laid out as layout() says.
+  void write_expert(int layer, int expert, const void* block, size_t nbytes);
+  uint64_t total_bytes() const;
+  void finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace colibri

@@ -1,0 +1,31 @@
+// converter.h: Hugging Face checkpoint directory -> .colibri file.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "model/dtype.h"
+
+namespace colibri {
+
+struct ConvertOptions {
+  // Storage of matrices (dense and experts); norms stay f32. Unset: the
+  // checkpoint's own dtype (that of its embedding table).
+  std::optional<DType> dtype;
+  // Called after each tensor or expert block: (bytes written, total bytes, name).
+  std::function<void(uint64_t, uint64_t, const std::string&)> progress;
+};
+
+struct ConvertResult {
+  uint64_t bytes = 0;
+  int tensors = 0;
+  int experts = 0;
+  DType dtype = DType::F32;  // the matrices' storage
+};
+
+// Streams tensor by tensor into OUT.tmp and renames it to OUT when complete;
+// on any error OUT is untouched and OUT.tmp removed. Throws Error.
+ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& out_path, const ConvertOptions& opts);
+
+}  // namespace colibri

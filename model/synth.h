@@ -1,0 +1,29 @@
+// synth.h: writes a Hugging Face-format model directory (config.json and
+// safetensors, sharded past a size) with seeded random weights, for demos and
+// benchmarks. No Python involved.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/dtype.h"
+
+namespace colibri {
+
+struct SynthOptions {
+  std::string arch = "mixtral";
+  std::string preset = "tiny";  // tiny | small | medium
+  uint64_t seed = 0;
+  std::optional<DType> dtype;   // default: f32 (tiny, small), bf16 (medium)
+  uint64_t shard_bytes = 1ull << 30;  // split into shards with an index past this
+  std::function<void(uint64_t, uint64_t, const std::string&)> progress;
+};
+
+const std::vector<std::string>& synth_presets();
+
+// Returns the number of bytes of weights written. Throws Error.
+uint64_t synthesize_model(const std::string& out_dir, const SynthOptions& opts);
+
+}  // namespace colibri

@@ -1,0 +1,85 @@
+// worker.cpp: grouped execution of the experts a rank owns.
+#include "worker/worker.h"
+
+#include <cstring>
+
+#include "model/error.h"
+#include "worker/expert_ffn.h"
+
+namespace colibri {
+
+Worker::Worker(std::shared_ptr<const ColibriFile> file, const Placement& placement, int rank, int world,
+               int64_t max_rows)
+    : file_(std::move(file)),
+      placement_(placement),
+      rank_(rank),
+      world_(world),
+      hidden_(file_->config().hidden_size),
+      inter_(file_->config().intermediate_size),
+      experts_(file_->config().num_experts),
+      max_rows_(max_rows),
+      store_(file_) {
+  xg_.resize(static_cast<size_t>(max_rows * hidden_));
+  yg_.resize(static_cast<size_t>(max_rows * hidden_));
+  gate_.resize(static_cast<size_t>(max_rows * inter_));
+  up_.resize(static_cast<size_t>(max_rows * inter_));
+  seg_begin_.resize(static_cast<size_t>(world));
+  cursor_.resize(static_cast<size_t>(world));
+}
+
+void Worker::compute(int layer, const uint32_t* counts, const float* in, float* out) {
+  // Row offsets: source s's block starts after all rows of sources < s; inside
+  // it, expert e's rows follow those of experts < e.
+  int64_t total = 0;
+  std::vector<int64_t>& src_base = seg_begin_;
+  for (int s = 0; s < world_; ++s) {
+    src_base[static_cast<size_t>(s)] = total;
+    for (int64_t e = 0; e < experts_; ++e) total += counts[s * experts_ + e];
+  }
+  if (total > max_rows_)
+    throw Error(Status::Internal, "rank " + std::to_string(rank_) + ": received " + std::to_string(total) +
+                                      " rows, more than the " + std::to_string(max_rows_) + " sized for");
+  // Running offset of the next expert inside each source's block.
+  std::vector<int64_t>& cursor = cursor_;
+  cursor.assign(src_base.begin(), src_base.end());  // capacity reserved: no allocation
+  const size_t row_bytes = static_cast<size_t>(hidden_) * sizeof(float);
+  for (int64_t e = 0; e < experts_; ++e) {
+    int64_t n = 0, sources = 0, only = -1;
+    for (int s = 0; s < world_; ++s) {
+      uint32_t c = counts[s * experts_ + e];
+      if (c) {
+        n += c;
+        ++sources;
+        only = s;
+      }
+    }
+    if (n == 0) continue;
+    if (!placement_.owns(rank_, layer, static_cast<int>(e)))
+      throw Error(Status::Internal, "rank " + std::to_string(rank_) + " was sent rows for expert " + std::to_string(e) +
+                                        " of layer " + std::to_string(layer) + ", which it does not own");
+    const ExpertView& ev = store_.get(layer, static_cast<int>(e));
+    if (sources == 1) {
+      // NOTE: rows of one source are contiguous: compute in place, no gather.
+      int64_t at = cursor[static_cast<size_t>(only)];
+      expert_ffn(ev, hidden_, inter_, in + at * hidden_, n, out + at * hidden_, gate_.data(), up_.data());
+      cursor[static_cast<size_t>(only)] += n;
+      continue;
+    }
+    int64_t g = 0;
+    for (int s = 0; s < world_; ++s) {
+      uint32_t c = counts[s * experts_ + e];
+      std::memcpy(xg_.data() + g * hidden_, in + cursor[static_cast<size_t>(s)] * hidden_, c * row_bytes);
+      g += c;
+    }
+    expert_ffn(ev, hidden_, inter_, xg_.data(), n, yg_.data(), gate_.data(), up_.data());
+    g = 0;
+    for (int s = 0; s < world_; ++s) {
+      uint32_t c = counts[s * experts_ + e];
+      std::memcpy(out + cursor[static_cast<size_t>(s)] * hidden_, yg_.data() + g * hidden_, c * row_bytes);
+      cursor[static_cast<size_t>(s)] += c;
+      g += c;
+    }
+  }
+}
+
+}  // namespace colibri

@@ -1,0 +1,39 @@
+// worker.h: the expert side of an MoE layer: takes the rows it was sent,
+// grouped by source rank and expert, runs each local expert's FFN on all of its
+// rows at once, and returns results in the order received.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "coordinator/placement.h"
+#include "model/colibri_file.h"
+#include "worker/expert_store.h"
+
+namespace colibri {
+
+class Worker {
+ public:
+  // max_rows: the most rows this worker can receive for one layer.
+  Worker(std::shared_ptr<const ColibriFile> file, const Placement& placement, int rank, int world, int64_t max_rows);
+
+  // counts: [world][num_experts] rows received from each source for each expert;
+  // in, out: [sum(counts)][hidden] in that order (source-major, expert ascending).
+  void compute(int layer, const uint32_t* counts, const float* in, float* out);
+
+  ExpertStore& store() { return store_; }
+  int rank() const { return rank_; }
+
+ private:
+  std::shared_ptr<const ColibriFile> file_;
+  const Placement& placement_;
+  int rank_, world_;
+  int64_t hidden_, inter_, experts_, max_rows_;
+  ExpertStore store_;
+  // Scratch sized once: gathered rows of one expert and its intermediates.
+  std::vector<float> xg_, yg_, gate_, up_;
+  std::vector<int64_t> seg_begin_;  // [world] first row of each source's block
+  std::vector<int64_t> cursor_;     // [world] next row of each source's block
+};
+
+}  // namespace colibri
