@@ -1,0 +1,57 @@
+// test_util.h: helpers shared by the unit tests: temporary directories, seeded
+// random inputs (the seed is printed on failure), fixture paths.
+#pragma once
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace colibri::test {
+
+inline std::string fixtures_dir() { return COLIBRI_FIXTURES_DIR; }
+
+// A fresh directory under the system temp dir, removed at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    auto base = std::filesystem::temp_directory_path();
+    std::random_device rd;
+    path_ = base / ("colibri-test-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string path() const { return path_.string(); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// The seed of a test's random inputs: COLIBRI_TEST_SEED if set, else fresh
+// from the clock; recorded in the test's output so a failure can be replayed.
+inline uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    if (const char* s = std::getenv("COLIBRI_TEST_SEED")) return static_cast<uint64_t>(std::stoull(s));
+    return static_cast<uint64_t>(std::random_device{}()) ^ (static_cast<uint64_t>(::getpid()) << 32);
+  }();
+  ::testing::Test::RecordProperty("seed", std::to_string(seed));
+  return seed;
+}
+
+#define COLIBRI_SEED_TRACE(seed) SCOPED_TRACE("random seed " + std::to_string(seed) + " (rerun with COLIBRI_TEST_SEED=" + std::to_string(seed) + ")")
+
+inline std::vector<float> random_floats(std::mt19937_64& rng, size_t n, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+}  // namespace colibri::test
