@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The main job end to end on a fresh machine: installs what is missing, builds,
+# synthesises a small Mixtral-style model (Hugging Face layout), converts it to
+# .colibri, and generates tokens, printing them and the tokens/s.
+# usage: scripts/demo.sh [preset: tiny|small|medium] (default small)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+preset="${1:-small}"
+bash "$root/scripts/setup.sh"
+bash "$root/scripts/build.sh"
+colibri="${COLIBRI_BUILD_DIR:-$root/build}/bin/colibri"
+work="$root/.demo"
+mkdir -p "$work"
+hf="$work/${preset}_hf"
+model="$work/${preset}.colibri"
+if [ ! -f "$hf/config.json" ]; then
+  echo "== synthesising the '$preset' model (seeded random weights) into $hf"
+  "$colibri" synth --arch mixtral --preset "$preset" --seed 42 --out "$hf"
+fi
+if [ ! -f "$model" ]; then
+  echo "== converting to $model (bf16)"
+  "$colibri" convert "$hf" "$model" --dtype bf16
+fi
+"$colibri" inspect "$model" | head -5
+echo "== generating: 2 prompts, 32 new tokens each, greedy, one process"
+"$colibri" generate --model "$model" \
+  --prompt-ids 1,415,29,90,102,338 --prompt-ids 1,450,99,173,17,291,7,44 \
+  --max-new-tokens 32 --ignore-eos
