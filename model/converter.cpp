@@ -106,6 +106,7 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
     buf.resize(n * dtype_size(dense[i].dtype));
     convert_into(src, 0, n, buf.data(), dense[i].dtype);
     w.write_dense(i, buf.data(), buf.size());
+    release_mapped_pages(src.data, src.nbytes);  // NOTE: keeps peak memory at about one tensor
     done += buf.size();
     ++res.tensors;
     if (opts.progress) opts.progress(done, total, dense[i].name);
@@ -122,20 +123,32 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
       dn = &expect(ck, fused(l, "down_proj"), {E, H, I});
     }
     for (int e = 0; e < E; ++e) {
-      buf.assign(lay.size, 0);
+      // Where this expert's gate, up and down matrices start in the checkpoint.
+      struct Src { const SafeTensor* t; size_t first; };
+      Src src[3];
       if (is_fused) {
-        convert_into(*gu, static_cast<size_t>(e) * 2 * mat, mat, buf.data() + lay.gate_offset, dtype);
-        convert_into(*gu, static_cast<size_t>(e) * 2 * mat + mat, mat, buf.data() + lay.up_offset, dtype);
-        convert_into(*dn, static_cast<size_t>(e) * mat, mat, buf.data() + lay.down_offset, dtype);
+        const size_t base = static_cast<size_t>(e) * 2 * mat;
+        src[0] = {gu, base};
+        src[1] = {gu, base + mat};
+        src[2] = {dn, static_cast<size_t>(e) * mat};
       } else {
-        convert_into(expect(ck, classic(l, e, "w1"), {I, H}), 0, mat, buf.data() + lay.gate_offset, dtype);
-        convert_into(expect(ck, classic(l, e, "w3"), {I, H}), 0, mat, buf.data() + lay.up_offset, dtype);
-        convert_into(expect(ck, classic(l, e, "w2"), {H, I}), 0, mat, buf.data() + lay.down_offset, dtype);
+        src[0] = {&expect(ck, classic(l, e, "w1"), {I, H}), 0};
+        src[1] = {&expect(ck, classic(l, e, "w3"), {I, H}), 0};
+        src[2] = {&expect(ck, classic(l, e, "w2"), {H, I}), 0};
       }
+      const uint64_t dst[3] = {lay.gate_offset, lay.up_offset, lay.down_offset};
+      buf.assign(lay.size, 0);
+      for (int m = 0; m < 3; ++m) convert_into(*src[m].t, src[m].first, mat, buf.data() + dst[m], dtype);
       w.write_expert(l, e, buf.data(), buf.size());
+      if (!is_fused)
+        for (const Src& x : src) release_mapped_pages(x.t->data, x.t->nbytes);
       done += buf.size();
       ++res.experts;
       if (opts.progress) opts.progress(done, total, "layer " + std::to_string(l) + " expert " + std::to_string(e));
+    }
+    if (is_fused) {
+      release_mapped_pages(gu->data, gu->nbytes);
+      release_mapped_pages(dn->data, dn->nbytes);
     }
   }
   w.finish();

@@ -70,4 +70,10 @@ void MappedFile::prefetch(size_t offset, size_t len) const {
   ::madvise(const_cast<uint8_t*>(data_) + start, end - start, MADV_WILLNEED);
 }
 
+void release_mapped_pages(const void* p, size_t n) {
+  const uintptr_t page = 4096, a = reinterpret_cast<uintptr_t>(p);
+  uintptr_t start = a & ~(page - 1), end = a + n;
+  if (end > start) ::madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);
+}
+
 }  // namespace colibri

@@ -30,4 +30,9 @@ class MappedFile {
   std::string path_;
 };
 
+// Drops the pages of a read-only file mapping that hold [p, p+n) from this
+// process's resident set (they are re-read from the file if touched again), so
+// streaming through a large mapping keeps memory flat. Best effort.
+void release_mapped_pages(const void* p, size_t n);
+
 }  // namespace colibri
