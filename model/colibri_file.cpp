@@ -184,7 +184,8 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
     uint64_t numel = 1;
     for (uint32_t d = 0; d < r.ndim; ++d) {
       if (r.shape[d] < 1 || r.shape[d] > (int64_t(1) << 32)) bad(path, what + " has dimension " + std::to_string(r.shape[d]));
-      if (numel > (uint64_t(1) << 40)) bad(path, what + " is absurdly large");
+      // NOTE: checked before multiplying, so the count never wraps (at most 2^40).
+      if (numel > (uint64_t(1) << 40) / static_cast<uint64_t>(r.shape[d])) bad(path, what + " is absurdly large");
       numel *= static_cast<uint64_t>(r.shape[d]);
       t.shape.push_back(r.shape[d]);
     }

@@ -2,6 +2,7 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "model/error.h"
 
@@ -193,6 +194,8 @@ void ModelConfig::validate() const {
   check(rope_theta > 0 && rope_theta < 1e30, "rope_theta must be positive");
   check(rms_norm_eps > 0 && rms_norm_eps < 1, "rms_norm_eps must be in (0, 1)");
   check(hidden_act == "silu", "hidden_act '" + hidden_act + "' is not supported (supported: silu)");
+  check(std::isfinite(routing.routed_scaling_factor) && routing.routed_scaling_factor > 0,
+        "routing.routed_scaling_factor must be a positive finite number");
   check(routing.scoring == "softmax", "routing.scoring '" + routing.scoring + "' is not supported");
   check(eos_token_id < vocab_size && bos_token_id < vocab_size, "bos/eos token id outside the vocabulary");
 }

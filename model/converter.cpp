@@ -96,7 +96,13 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
   const bool is_fused = !ck.find(classic(0, 0, "w1")) && ck.find(fused(0, "gate_up_proj"));
 
   ColibriWriter w(out_path, cfg, dense, dtype);
-  const uint64_t total = w.total_bytes();
+  // Progress counts the bytes of tensor and expert data (not metadata or padding).
+  uint64_t total = static_cast<uint64_t>(cfg.num_layers * E) * w.layout().size;
+  for (const auto& d : dense) {
+    uint64_t n = dtype_size(d.dtype);
+    for (auto x : d.shape) n *= static_cast<uint64_t>(x);
+    total += n;
+  }
   uint64_t done = 0;
   ConvertResult res;
   std::vector<uint8_t> buf;
@@ -152,7 +158,7 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
     }
   }
   w.finish();
-  res.bytes = total;
+  res.bytes = w.total_bytes();
   res.dtype = dtype;
   return res;
 }

@@ -120,7 +120,9 @@ std::vector<SafeTensor> SafetensorsFile::parse_header(const std::string& header,
     ranges.push_back({b, e, name});
     out.push_back(std::move(st));
   }
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.b < b.b; });
+  // NOTE: by (begin, end), so an empty tensor [b, b) sorts before [b, e) and
+  // is not mistaken for an overlap.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.b != b.b ? a.b < b.b : a.e < b.e; });
   for (size_t i = 1; i < ranges.size(); ++i)
     if (ranges[i].b < ranges[i - 1].e)
       fail("tensors '" + ranges[i - 1].name + "' and '" + ranges[i].name + "' overlap");

@@ -53,7 +53,7 @@ void expect_error(const std::function<void()>& fn, Status status, const std::vec
   try {
     fn();
   } catch (const Error& e) {
-    EXPECT_EQ(e.status(), status) << "status " << status_name(e.status()) << ", message: " << e.what();
+    EXPECT_STREQ(status_name(e.status()), status_name(status)) << "message: " << e.what();
     for (const auto& n : needles)
       EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "message '" << e.what() << "' lacks '" << n << "'";
     return;
@@ -220,7 +220,7 @@ TEST(Safetensors, OpenErrorsAreIo) {
 // DISABLED: fails against model/safetensors.cpp, whose overlap check sorts the
 // ranges by begin only, so [0,16) sorted before [0,0) is reported as overlapping
 // (see the report on the bug); enable once the library is fixed.
-TEST(Safetensors, DISABLED_ZeroSizedTensorNextToAnother) {
+TEST(Safetensors, ZeroSizedTensorNextToAnother) {
   TempDir dir;
   const std::string path = dir.file("zero.safetensors");
   // "b" (empty) is declared first so it sits at [0, 0) and "a" at [0, 16); the
@@ -229,7 +229,7 @@ TEST(Safetensors, DISABLED_ZeroSizedTensorNextToAnother) {
   std::vector<float> a = {1, 2, 3, 4};
   {
     SafetensorsWriter w(path, specs);
-    w.write_next(nullptr, 0);
+    w.write_next(a.data(), 0);
     w.write_next(a.data(), 16);
     w.finish();
   }
