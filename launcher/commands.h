@@ -12,6 +12,11 @@ int cmd_convert(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);
 int cmd_synth(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
+int cmd_run(int argc, char** argv);
+int cmd_launch(int argc, char** argv);
+int cmd_place(int argc, char** argv);
+int cmd_stats(int argc, char** argv);
+int cmd_cache_sim(int argc, char** argv);
 
 // Adds --verbose/--log-level/--help to a subcommand's options.
 void add_common_options(cxxopts::Options& o);

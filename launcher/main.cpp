@@ -62,6 +62,11 @@ const Command kCommands[] = {
     {"convert", colibri::cli::cmd_convert, "convert a Hugging Face checkpoint directory to a .colibri file"},
     {"inspect", colibri::cli::cmd_inspect, "show (and verify) a .colibri file"},
     {"generate", colibri::cli::cmd_generate, "generate tokens from prompts of token ids (one process)"},
+    {"run", colibri::cli::cmd_run, "generate as an expert-parallel cluster (under mpirun: rank 0 coordinates)"},
+    {"launch", colibri::cli::cmd_launch, "build and run the mpirun (or srun) command for a cluster run"},
+    {"place", colibri::cli::cmd_place, "make an expert placement (which ranks own which experts)"},
+    {"stats", colibri::cli::cmd_stats, "aggregate a routing trace into expert-load statistics"},
+    {"cache-sim", colibri::cli::cmd_cache_sim, "replay a routing trace through the expert-cache policies"},
 };
 
 void usage(std::FILE* f) {

@@ -1,0 +1,1 @@
+// routing_trace.cpp: placeholder.

@@ -1,0 +1,1 @@
+// test_expert_cache.cpp: placeholder.

@@ -1,0 +1,1 @@
+// test_routing_trace.cpp: placeholder.

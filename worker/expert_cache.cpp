@@ -1,0 +1,1 @@
+// expert_cache.cpp: placeholder.
