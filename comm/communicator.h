@@ -32,16 +32,43 @@ class Communicator {
   // receives `bytes` from every rank (block r of recv comes from rank r).
   virtual void alltoall(const void* send, void* recv, size_t bytes) = 0;
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  // Rank r's `bytes` land in block r of `recv` on `root` (recv unused elsewhere).
+  virtual void gather(const void* send, size_t bytes, void* recv, int root) = 0;
   virtual void barrier() = 0;
+
+  // How long a collective may wait for a peer before failing with an error that
+  // names the ranks that did not answer (0: forever).
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
  protected:
   CommStats stats_;
+  double timeout_s_ = 300.0;
 };
 
 // The one-process backend: every collective is a copy to self.
 std::unique_ptr<Communicator> make_local_communicator();
+
+// The MPI backend over MPI_COMM_WORLD (MPI must be initialised, see
+// mpi_runtime below). Returns null when this build has no MPI.
+std::unique_ptr<Communicator> make_mpi_communicator();
+
+// The NCCL backend: one GPU per rank, bootstrapped over MPI (the ncclUniqueId
+// is broadcast from rank 0). Returns null when this build has no NCCL; throws
+// Error(Comm) when no GPU can be used.
+std::unique_ptr<Communicator> make_nccl_communicator(int device);
+
+// MPI start-up and shutdown for the launcher. init() returns false when the
+// process was not started by an MPI launcher (then the local backend is used).
+namespace mpi_runtime {
+bool launched_by_mpi();  // environment of mpirun/srun present
+void init();             // MPI_Init_thread(FUNNELED); throws Error(Comm)
+void finalize();
+void abort(int code);    // MPI_Abort on the world, for fatal errors on one rank
+int local_size();        // ranks on this node (from the launcher's environment), 1 if unknown
+}  // namespace mpi_runtime
 
 }  // namespace colibri

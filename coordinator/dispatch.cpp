@@ -26,6 +26,8 @@ MoeDispatcher::MoeDispatcher(const ModelConfig& cfg, const Placement& placement,
   recv_counts_.resize(we);
   next_.resize(we);
   slot_pos_.resize(static_cast<size_t>(max_rows * k_));
+  pair_rank_.resize(static_cast<size_t>(max_rows * k_));
+  rank_rows_.resize(static_cast<size_t>(world_));
   for (auto* v : {&sb_, &so_, &rb_, &ro_}) v->resize(static_cast<size_t>(world_));
   const size_t rows = static_cast<size_t>(max_rows * k_ * hidden_);
   send_.resize(rows);
@@ -41,10 +43,19 @@ void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32
   const int64_t W = world_, E = experts_;
   // 1. Plan: count pairs per (rank, expert).
   std::fill(send_counts_.begin(), send_counts_.end(), 0u);
+  std::fill(rank_rows_.begin(), rank_rows_.end(), 0);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t j = 0; j < k_; ++j) {
-      int e = experts[t * k_ + j];
-      int r = placement_.owner_for_row(layer, e, t);
+      const int e = experts[t * k_ + j];
+      if (e < 0 || e >= E) throw Error(Status::Internal, "router chose expert " + std::to_string(e));
+      const auto& owners = placement_.owners(layer, e);
+      int r = owners[0];
+      for (size_t i = 1; i < owners.size(); ++i)
+        if (rank_rows_[static_cast<size_t>(owners[i])] < rank_rows_[static_cast<size_t>(r)] ||
+            (rank_rows_[static_cast<size_t>(owners[i])] == rank_rows_[static_cast<size_t>(r)] && owners[i] < r))
+          r = owners[i];
+      ++rank_rows_[static_cast<size_t>(r)];
+      pair_rank_[static_cast<size_t>(t * k_ + j)] = r;
       ++send_counts_[static_cast<size_t>(r * E + e)];
     }
   // Send layout: rank-major, expert ascending, rows in token order.
@@ -63,8 +74,8 @@ void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32
   const size_t row_bytes = static_cast<size_t>(hidden_) * sizeof(float);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t j = 0; j < k_; ++j) {
-      int e = experts[t * k_ + j];
-      int r = placement_.owner_for_row(layer, e, t);
+      const int e = experts[t * k_ + j];
+      const int r = pair_rank_[static_cast<size_t>(t * k_ + j)];
       int64_t p = next_[static_cast<size_t>(r * E + e)]++;
       slot_pos_[static_cast<size_t>(t * k_ + j)] = p;
       std::memcpy(send_.data() + p * hidden_, x + t * hidden_, row_bytes);
@@ -87,6 +98,7 @@ void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32
   if (roff > 0) {
     if (!local_) throw Error(Status::Internal, "rank " + std::to_string(comm_.rank()) + " hosts no experts but was sent rows");
     local_->compute(layer, recv_counts_.data(), recv_.data(), result_.data());
+    stats_.rows_served += static_cast<uint64_t>(roff);
   }
   // 5. Results back, in the order each rank received them.
   comm_.alltoallv(result_.data(), rb_.data(), ro_.data(), back_.data(), sb_.data(), so_.data());

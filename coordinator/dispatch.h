@@ -17,6 +17,7 @@ class Worker;
 struct DispatchStats {
   uint64_t rows_sent = 0;      // (token, expert) rows sent to any rank
   uint64_t rows_remote = 0;    // of which to other ranks
+  uint64_t rows_served = 0;    // rows this rank's worker computed
   uint64_t layers = 0;
 };
 
@@ -29,6 +30,9 @@ class MoeDispatcher {
   // x: [rows][hidden] (post-norm); experts, weights: [rows][k] from the router;
   // out: [rows][hidden], overwritten with sum_j weights[t][j] * expert_j(x[t]),
   // summed in slot order j = 0..k-1 whatever rank served each slot.
+  // A replicated expert's pair goes to the replica with the fewest pairs so far
+  // in this layer (ties to the lower rank). A worker that hosts no tokens calls
+  // this with rows = 0 to serve its experts.
   void forward(int layer, const float* x, int64_t rows, const int32_t* experts, const float* weights, float* out);
 
   const DispatchStats& stats() const { return stats_; }
@@ -44,6 +48,8 @@ class MoeDispatcher {
   std::vector<uint32_t> send_counts_, recv_counts_;  // [world][experts]
   std::vector<int64_t> slot_pos_;                    // [rows * k] row of each pair in send_
   std::vector<int64_t> next_;                        // [world][experts] fill cursor
+  std::vector<int32_t> pair_rank_;                   // [rows * k] the rank serving each pair
+  std::vector<int64_t> rank_rows_;                   // [world] pairs assigned per rank in this layer
   std::vector<uint64_t> sb_, so_, rb_, ro_;          // bytes and offsets per rank
   std::vector<float> send_, recv_, result_, back_;   // rows: [max_rows * k][hidden]
   DispatchStats stats_;

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "coordinator/cluster.h"
 #include "coordinator/router.h"
+#include "coordinator/routing_trace.h"
 #include "kernels/cpu/kernels.h"
 #include "model/error.h"
 
@@ -56,9 +58,18 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
   chunk_ = opts.prefill_chunk;
   rows_cap_ = std::max(chunk_, max_batch_);
 
-  placement_ = Placement::single(static_cast<int>(c.num_layers), static_cast<int>(c.num_experts), comm_.rank());
-  worker_ = std::make_unique<Worker>(file_, placement_, comm_.rank(), comm_.size(), rows_cap_ * c.experts_per_token);
-  dispatch_ = std::make_unique<MoeDispatcher>(c, placement_, comm_, worker_.get(), rows_cap_);
+  placement_ = opts.placement ? opts.placement
+                              : std::make_shared<const Placement>(Placement::single(
+                                    static_cast<int>(c.num_layers), static_cast<int>(c.num_experts), comm_.rank()));
+  cluster::check_placement(*placement_, c, comm_.size());
+  trace_ = opts.trace;
+  bool hosts = false;
+  for (int l = 0; l < c.num_layers && !hosts; ++l)
+    for (int e = 0; e < c.num_experts && !hosts; ++e) hosts = placement_->owns(comm_.rank(), l, e);
+  if (hosts)
+    worker_ = std::make_unique<Worker>(file_, *placement_, comm_.rank(), comm_.size(), rows_cap_ * c.experts_per_token,
+                                       opts.store);
+  dispatch_ = std::make_unique<MoeDispatcher>(c, *placement_, comm_, worker_.get(), rows_cap_);
   kv_ = std::make_unique<KVCache>(c.num_layers, max_batch_, max_ctx_, c.num_kv_heads, c.head_dim);
 
   embd_ = &file_->tensor(tname::token_embd());
@@ -116,6 +127,21 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
 
 Engine::~Engine() = default;
 
+void Engine::start_workers() {
+  if (comm_.size() == 1 || workers_started_) return;
+  cluster::Setup s;
+  s.rows_cap = rows_cap_;
+  s.model_checksum = file_->header().meta_checksum;
+  cluster::send_setup(comm_, s);
+  workers_started_ = true;
+}
+
+void Engine::stop_workers() {
+  if (comm_.size() == 1 || workers_stopped_) return;
+  cluster::send_op(comm_, cluster::Op::Stop);
+  workers_stopped_ = true;
+}
+
 void Engine::attention(int layer, int64_t n, const int32_t* seqs, const int32_t* pos) {
   const ModelConfig& c = file_->config();
   const int64_t nh = c.num_heads, hd = c.head_dim, group = c.num_heads / c.num_kv_heads, Q = nh * hd;
@@ -152,6 +178,10 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, cons
   const auto& kt = kernels::active();
   const float eps = static_cast<float>(c.rms_norm_eps);
   const size_t row_bytes = static_cast<size_t>(H) * dtype_size(embd_->dtype);
+  if (comm_.size() > 1) {
+    if (!workers_started_) start_workers();
+    cluster::send_op(comm_, cluster::Op::Forward);
+  }
 
   for (int64_t i = 0; i < n; ++i)
     kernels::to_f32(embd_->data + static_cast<size_t>(tokens[i]) * row_bytes, embd_->dtype, H, x_.data() + i * H);
@@ -178,10 +208,14 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, cons
     for (int64_t i = 0; i < n; ++i) kt.rmsnorm(x_.data() + i * H, w.ffn_norm.data(), xn_.data() + i * H, H, eps);
     kernels::gemm(xn_.data(), H, n, w.router->data, w.router->dtype, H, E, router_.data(), E);
     route(c.routing, router_.data(), n, E, K, experts_.data(), weights_.data());
+    if (trace_)
+      for (int64_t i = 0; i < n; ++i)
+        trace_->write(step_, l, seqs[i], pos[i], experts_.data() + i * K, weights_.data() + i * K, static_cast<int>(K));
     dispatch_->forward(l, xn_.data(), n, experts_.data(), weights_.data(), moe_.data());
     for (int64_t i = 0; i < n * H; ++i) x_[static_cast<size_t>(i)] += moe_[static_cast<size_t>(i)];
   }
 
+  ++step_;
   int64_t m = 0;
   for (int64_t i = 0; i < n; ++i)
     if (want_logits[i]) kt.rmsnorm(x_.data() + i * H, final_norm_.data(), gathered_.data() + (m++) * H, H, eps);

@@ -18,10 +18,16 @@
 
 namespace colibri {
 
+class RoutingTraceWriter;
+
 struct EngineOptions {
   int64_t max_batch = 4;        // most sequences per generate() call
   int64_t max_context = 0;      // most positions per sequence; 0: the model's maximum
   int64_t prefill_chunk = 256;  // most tokens per prefill forward pass
+  // Which rank owns which experts; null: every expert on this (the only) rank.
+  std::shared_ptr<const Placement> placement;
+  ExpertStoreOptions store;             // this rank's expert cache, if it hosts experts
+  RoutingTraceWriter* trace = nullptr;  // --record-routing
 };
 
 struct Request {
@@ -67,8 +73,15 @@ class Engine {
   std::vector<SequenceOutput> generate(const std::vector<Request>& reqs, const GenerateOptions& opts,
                                        GenerateStats* stats = nullptr);
 
+  // Null when this rank hosts no experts.
   Worker* local_worker() { return worker_.get(); }
   const DispatchStats& dispatch_stats() const { return dispatch_->stats(); }
+  const Placement& placement() const { return *placement_; }
+  int64_t rows_capacity() const { return rows_cap_; }
+  // With workers: tells them how big a forward pass can be (once, first).
+  void start_workers();
+  // With workers: ends their serve loops (idempotent).
+  void stop_workers();
 
  private:
   struct LayerWeights;
@@ -80,7 +93,10 @@ class Engine {
   std::shared_ptr<const ColibriFile> file_;
   Communicator& comm_;
   int64_t max_batch_, max_ctx_, chunk_, rows_cap_;
-  Placement placement_;
+  std::shared_ptr<const Placement> placement_;
+  RoutingTraceWriter* trace_ = nullptr;
+  int64_t step_ = 0;  // forward passes so far (the routing trace's step)
+  bool workers_started_ = false, workers_stopped_ = false;
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<MoeDispatcher> dispatch_;
   std::unique_ptr<KVCache> kv_;

@@ -2,6 +2,21 @@
 // layer) and the expert-load statistics aggregated from them. Our own JSONL
 // format is written by `--record-routing`; the real Mixtral-8x7B traces in
 // ../shared/traces/ are read by the same reader (auto-detected).
+//
+// Steps of imported traces (so a cache replay in time order is possible):
+// - a file in true time order (rows carry "token_pos", the position inside the
+//   forward pass): a new step starts when the layer goes back down (or repeats
+//   with a (problem_id, token_pos) not after the previous row's). So a prefill is
+//   one step (all prompt tokens, layer by layer) and each decode token is one
+//   step. token_pos restarts at 0 in every pass, so `pos` is made absolute:
+//   pos = token_pos + the number of positions the sequence had in earlier steps
+//   (humaneval0: prefill pos 0..134, then decode tokens 135, 136, ...).
+// - a file grouped by problem then layer (rows carry "token_idx", the position in
+//   the sequence): rows are sorted by (problem_id, token_idx, layer) and every
+//   (problem_id, token_idx) is one step: a token-by-token replay, because the
+//   file does not say which tokens shared a forward pass.
+// In both, seq = problem_id. The recording dropped some rows (weights exactly
+// [0.5, 0.5]), so a token may lack a layer; that is not an error.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -25,6 +40,7 @@ struct RoutingTrace {
   std::string format;          // "colibri" or "mixtral-jsonl"
   int32_t num_layers = 0;      // 1 + the largest layer seen (or from the header)
   int32_t num_experts = 0;     // 1 + the largest expert id seen (or from the header)
+  int32_t top_k = 0;           // experts per row (header; the longest row when imported)
   std::vector<RoutingRecord> records;  // in time order (step, then layer, then seq, pos)
 };
 
@@ -32,12 +48,20 @@ struct RoutingTrace {
 //   {"format":"colibri-routing","version":1,"num_layers":L,"num_experts":E,"top_k":K}
 // then one line per (step, layer, token):
 //   {"step":S,"layer":L,"seq":I,"pos":P,"experts":[...],"weights":[...]}
+// NOTE: lines go to PATH.tmp, renamed to PATH by close() (or the destructor), so
+// a complete trace never coexists with a half-written one. A writer destroyed
+// while an exception unwinds removes PATH.tmp instead (no half-written output).
 class RoutingTraceWriter {
  public:
-  RoutingTraceWriter(const std::string& path, int num_layers, int num_experts, int top_k);  // throws Error(Io)
-  ~RoutingTraceWriter();
+  RoutingTraceWriter(const std::string& path, int num_layers, int num_experts, int top_k);  // throws Error(Io|InvalidArgument)
+  ~RoutingTraceWriter();  // closes (errors are logged, not thrown); see close()
+  // Throws Error(InvalidArgument) for a layer or expert out of range, k != top_k,
+  // a repeated expert or a non-finite weight; Error(Io) when the disk fails.
   void write(int64_t step, int layer, int seq, int pos, const int32_t* experts, const float* weights, int k);
-  void flush();
+  void flush();  // pushes buffered lines into PATH.tmp; throws Error(Io)
+  void close();  // flushes, closes and renames PATH.tmp to PATH; throws Error(Io); idempotent
+  const std::string& path() const;
+  uint64_t rows_written() const;
 
  private:
   struct Impl;
@@ -60,8 +84,13 @@ struct ExpertStats {
   uint64_t tokens = 0;                       // distinct (step, seq, pos) rows of layer 0
   std::vector<std::vector<uint64_t>> load;   // [layer][expert]
 };
+// Layers and experts come from the trace (or from its records when those are 0);
+// throws Error(InvalidArgument) for an empty trace or a record out of range.
 ExpertStats aggregate_stats(const RoutingTrace& trace);
-void save_expert_stats(const ExpertStats& s, const std::string& path);  // throws Error(Io)
-ExpertStats load_expert_stats(const std::string& path);                 // throws Error(Io|Format)
+// Writes PATH.tmp, renamed to PATH when complete. Throws Error(Io|InvalidArgument).
+void save_expert_stats(const ExpertStats& s, const std::string& path);
+// Validates format/version, dimensions > 0, the load matrix shape and that every
+// count is a non-negative integer. Throws Error(Io|Format).
+ExpertStats load_expert_stats(const std::string& path);
 
 }  // namespace colibri

@@ -3,6 +3,7 @@
 // and cache-sim replays traces through this very code.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,13 @@ struct CacheOptions {
   uint64_t bytes_per_slot = 0;     // for bytes_loaded
   double decay = 0.9;              // hybrid: score = count * decay^(now - last use)
   std::vector<uint64_t> pinned;    // pinned: keys never evicted (at most capacity of them)
+  // Added for the dense per-key tables (access() allocates nothing once they cover
+  // every key): keys are < max_keys. 0: the tables grow when a larger key first
+  // appears (warm-up only). Set it (num_layers * num_experts) to preallocate.
+  uint64_t max_keys = 0;
+  // Experts per layer (key = layer * num_experts + expert), for the layer-aware
+  // "predict" policy. 0: no layer structure (all keys form one layer).
+  uint32_t num_experts = 0;
 };
 
 // Keys are layer * num_experts + expert. `now` is a logical clock the caller
@@ -50,5 +58,41 @@ class ExpertCache {
   size_t capacity_;
   CacheStats stats_;
 };
+
+// NOTE (added): when every slot holds a pinned key, a miss on another key is
+// served without caching it: counted as a miss (and its bytes as loaded),
+// nothing evicted, *evicted = -1, the key not resident afterwards.
+
+// Belady's MIN, the offline optimum (it needs the future, so it is a simulator,
+// not a policy): replays `keys` in order, one access each, through `capacity`
+// slots filled on demand; on a miss with the cache full it evicts the resident
+// key whose next use is furthest away (keys never used again first; ties between
+// those: the larger key). No demand-paging policy has more hits on the same
+// sequence. Throws Error(InvalidArgument) for capacity 0.
+CacheStats simulate_belady(const uint64_t* keys, size_t n, size_t capacity, uint64_t bytes_per_slot = 0);
+inline CacheStats simulate_belady(const std::vector<uint64_t>& keys, size_t capacity, uint64_t bytes_per_slot = 0) {
+  return simulate_belady(keys.data(), keys.size(), capacity, bytes_per_slot);
+}
+
+// A routing trace flattened for replay: batches of keys in time order, each
+// batch going to one of `num_groups` caches (one per layer, or one in all).
+struct AccessBatch {
+  uint32_t group = 0;              // which cache replays it
+  uint64_t begin = 0, end = 0;     // its keys: keys[begin, end)
+};
+struct AccessTrace {
+  uint32_t num_groups = 1;
+  std::vector<uint64_t> keys;
+  std::vector<AccessBatch> batches;
+};
+
+// Replays `trace`: one cache per group from `make(group)`; each group has its
+// own clock `now` (its batch count: the first batch it replays is now = 0).
+// Per batch: when `hints`, hint_upcoming(the batch's keys) first; then
+// access(key, now) for each key in order. Returns the stats summed over groups.
+CacheStats replay(const AccessTrace& trace, const std::function<std::unique_ptr<ExpertCache>(uint32_t group)>& make,
+                  bool hints);
+// Belady's MIN on the same trace: simulate_belady on each group's key sequence, summed.
+CacheStats replay_belady(const AccessTrace& trace, size_t capacity, uint64_t bytes_per_slot = 0);
 
 }  // namespace colibri

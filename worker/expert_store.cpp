@@ -1,30 +1,119 @@
-// expert_store.cpp: lazy, checksum-verified materialisation of experts.
+// expert_store.cpp: lazy, checksum-verified materialisation and the budgeted
+// fast tier driven by an ExpertCache policy.
 #include "worker/expert_store.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "model/error.h"
+#include "model/mapped_file.h"
 
 namespace colibri {
 
-ExpertStore::ExpertStore(std::shared_ptr<const ColibriFile> file) : file_(std::move(file)) {
-  const auto& c = file_->config();
-  resident_.assign(static_cast<size_t>(c.num_layers * c.num_experts), 0);
+ExpertStore::ExpertStore(std::shared_ptr<const ColibriFile> file, const ExpertStoreOptions& opts,
+                         const std::vector<uint64_t>& owned)
+    : file_(std::move(file)), experts_(file_->config().num_experts), block_(file_->experts().front().size) {
+  const size_t keys = file_->experts().size();
+  verified_.assign(keys, 0);
+  if (opts.budget_bytes == 0 && opts.budget_experts == 0) return;  // no fast tier
+
+  uint64_t slots = opts.budget_experts > 0 ? static_cast<uint64_t>(opts.budget_experts) : opts.budget_bytes / block_;
+  if (slots == 0)
+    throw Error(Status::InvalidArgument, "expert cache budget of " + std::to_string(opts.budget_bytes) +
+                                             " bytes is smaller than one expert (" + std::to_string(block_) + " bytes)");
+  // NOTE: never more slots than experts owned: a bigger budget holds them all.
+  slots = std::min<uint64_t>(slots, std::max<size_t>(owned.size(), 1));
+  CacheOptions co;
+  co.bytes_per_slot = block_;
+  co.decay = opts.decay;
+  for (uint64_t k : opts.pinned)
+    for (uint64_t o : owned)
+      if (o == k) co.pinned.push_back(k);  // pin only what this rank serves
+  if (co.pinned.size() > slots) co.pinned.resize(slots);
+  cache_ = ExpertCache::create(opts.policy, slots, co);
+  slots_ = static_cast<size_t>(slots);
+  const size_t bytes = slots_ * block_;
+  arena_ = static_cast<uint8_t*>(std::aligned_alloc(kBlockAlign, (bytes + kBlockAlign - 1) / kBlockAlign * kBlockAlign));
+  if (!arena_)
+    throw Error(Status::OutOfMemory, "cannot allocate the expert cache of " + std::to_string(bytes >> 20) + " MiB");
+  slot_of_.assign(keys, -1);
+  key_in_.assign(slots_, -1);
+  views_.resize(slots_);
+  for (size_t s = slots_; s-- > 0;) free_.push_back(static_cast<int32_t>(s));
+  // Pinned experts are loaded now and stay: the policy counts them resident.
+  for (uint64_t k : co.pinned) load(k, file_->experts()[k]);
 }
 
-bool ExpertStore::resident(int layer, int expert) const {
-  return resident_[static_cast<size_t>(layer) * file_->config().num_experts + expert] != 0;
+ExpertStore::~ExpertStore() { std::free(arena_); }
+
+void ExpertStore::hint(const uint64_t* keys, size_t n) {
+  if (cache_) cache_->hint_upcoming(keys, n);
 }
 
-const ExpertView& ExpertStore::get(int layer, int expert) {
-  const ExpertView& e = file_->expert(layer, expert);
-  uint8_t& r = resident_[static_cast<size_t>(layer) * file_->config().num_experts + expert];
-  if (r) {
-    ++stats_.hits;
-    return e;
+CacheStats ExpertStore::stats() const { return cache_ ? cache_->stats() : direct_; }
+
+const ExpertView& ExpertStore::get(int layer, int expert, uint64_t now) {
+  const ExpertView& src = file_->expert(layer, expert);
+  const uint64_t key = static_cast<uint64_t>(layer) * experts_ + expert;
+  if (!cache_) {
+    if (verified_[key]) {
+      ++direct_.hits;
+      return src;
+    }
+    file_->prefetch(src.offset, src.size);
+    file_->verify_expert(src);  // reads the whole block: resident afterwards
+    verified_[key] = 1;
+    ++direct_.misses;
+    direct_.bytes_loaded += src.size;
+    return src;
   }
-  file_->prefetch(e.offset, e.size);
-  file_->verify_expert(e);  // reads the whole block: it is resident afterwards
-  r = 1;
-  ++stats_.misses;
-  stats_.bytes_loaded += e.size;
-  return e;
+  int64_t evicted = -1;
+  const bool hit = cache_->access(key, now, &evicted);
+  if (hit) {
+    const int32_t s = slot_of_[key];
+    if (s < 0) throw Error(Status::Internal, "expert cache reports a hit for a block that is not resident");
+    return views_[static_cast<size_t>(s)];
+  }
+  if (!cache_->resident(key)) {
+    // The policy admitted nothing (every slot pinned or needed by this batch):
+    // served straight from the host tier, verified once.
+    if (!verified_[key]) {
+      file_->verify_expert(src);
+      verified_[key] = 1;
+    }
+    return src;
+  }
+  if (evicted >= 0) {
+    const int32_t s = slot_of_[static_cast<size_t>(evicted)];
+    if (s < 0) throw Error(Status::Internal, "expert cache evicted a block that is not resident");
+    slot_of_[static_cast<size_t>(evicted)] = -1;
+    key_in_[static_cast<size_t>(s)] = -1;
+    free_.push_back(s);
+  }
+  return load(key, src);
+}
+
+const ExpertView& ExpertStore::load(uint64_t key, const ExpertView& src) {
+  if (free_.empty()) throw Error(Status::Internal, "expert cache is full but evicted nothing");
+  const int32_t s = free_.back();
+  free_.pop_back();
+  uint8_t* dst = arena_ + static_cast<size_t>(s) * block_;
+  std::memcpy(dst, src.block, src.size);
+  // The copy is what gets used, so the checksum is checked on it (first load).
+  if (!verified_[key]) {
+    if (checksum64(dst, src.size) != src.checksum) file_->verify_expert(src);  // throws with the full message
+    verified_[key] = 1;
+  }
+  release_mapped_pages(src.block, src.size);  // the host tier's pages are not needed now
+  ExpertView& v = views_[static_cast<size_t>(s)];
+  v = src;
+  v.block = dst;
+  v.gate = dst + (static_cast<const uint8_t*>(src.gate) - src.block);
+  v.up = dst + (static_cast<const uint8_t*>(src.up) - src.block);
+  v.down = dst + (static_cast<const uint8_t*>(src.down) - src.block);
+  slot_of_[key] = s;
+  key_in_[static_cast<size_t>(s)] = static_cast<int64_t>(key);
+  return v;
 }
 
 }  // namespace colibri

@@ -8,8 +8,18 @@
 
 namespace colibri {
 
+namespace {
+std::vector<uint64_t> owned_keys(const Placement& p, int rank) {
+  std::vector<uint64_t> k;
+  for (int l = 0; l < p.num_layers(); ++l)
+    for (int e = 0; e < p.num_experts(); ++e)
+      if (p.owns(rank, l, e)) k.push_back(static_cast<uint64_t>(l) * p.num_experts() + e);
+  return k;
+}
+}  // namespace
+
 Worker::Worker(std::shared_ptr<const ColibriFile> file, const Placement& placement, int rank, int world,
-               int64_t max_rows)
+               int64_t max_rows, const ExpertStoreOptions& store)
     : file_(std::move(file)),
       placement_(placement),
       rank_(rank),
@@ -18,7 +28,8 @@ Worker::Worker(std::shared_ptr<const ColibriFile> file, const Placement& placeme
       inter_(file_->config().intermediate_size),
       experts_(file_->config().num_experts),
       max_rows_(max_rows),
-      store_(file_) {
+      store_(file_, store, owned_keys(placement, rank)) {
+  batch_keys_.reserve(static_cast<size_t>(experts_));
   xg_.resize(static_cast<size_t>(max_rows * hidden_));
   yg_.resize(static_cast<size_t>(max_rows * hidden_));
   gate_.resize(static_cast<size_t>(max_rows * inter_));
@@ -39,6 +50,16 @@ void Worker::compute(int layer, const uint32_t* counts, const float* in, float* 
   if (total > max_rows_)
     throw Error(Status::Internal, "rank " + std::to_string(rank_) + ": received " + std::to_string(total) +
                                       " rows, more than the " + std::to_string(max_rows_) + " sized for");
+  // Tell the cache what this layer needs before anything is loaded or evicted.
+  ++tick_;
+  batch_keys_.clear();
+  for (int64_t e = 0; e < experts_; ++e)
+    for (int s = 0; s < world_; ++s)
+      if (counts[s * experts_ + e]) {
+        batch_keys_.push_back(static_cast<uint64_t>(layer) * experts_ + e);
+        break;
+      }
+  store_.hint(batch_keys_.data(), batch_keys_.size());
   // Running offset of the next expert inside each source's block.
   std::vector<int64_t>& cursor = cursor_;
   cursor.assign(src_base.begin(), src_base.end());  // capacity reserved: no allocation
@@ -57,7 +78,7 @@ void Worker::compute(int layer, const uint32_t* counts, const float* in, float* 
     if (!placement_.owns(rank_, layer, static_cast<int>(e)))
       throw Error(Status::Internal, "rank " + std::to_string(rank_) + " was sent rows for expert " + std::to_string(e) +
                                         " of layer " + std::to_string(layer) + ", which it does not own");
-    const ExpertView& ev = store_.get(layer, static_cast<int>(e));
+    const ExpertView& ev = store_.get(layer, static_cast<int>(e), tick_);
     if (sources == 1) {
       // NOTE: rows of one source are contiguous: compute in place, no gather.
       int64_t at = cursor[static_cast<size_t>(only)];

@@ -10,12 +10,15 @@
 #include "model/colibri_file.h"
 #include "worker/expert_store.h"
 
+#include <cstdint>
+
 namespace colibri {
 
 class Worker {
  public:
   // max_rows: the most rows this worker can receive for one layer.
-  Worker(std::shared_ptr<const ColibriFile> file, const Placement& placement, int rank, int world, int64_t max_rows);
+  Worker(std::shared_ptr<const ColibriFile> file, const Placement& placement, int rank, int world, int64_t max_rows,
+         const ExpertStoreOptions& store = {});
 
   // counts: [world][num_experts] rows received from each source for each expert;
   // in, out: [sum(counts)][hidden] in that order (source-major, expert ascending).
@@ -29,7 +32,9 @@ class Worker {
   const Placement& placement_;
   int rank_, world_;
   int64_t hidden_, inter_, experts_, max_rows_;
+  uint64_t tick_ = 0;  // the cache's logical clock: one tick per layer served
   ExpertStore store_;
+  std::vector<uint64_t> batch_keys_;  // experts with rows in the current layer
   // Scratch sized once: gathered rows of one expert and its intermediates.
   std::vector<float> xg_, yg_, gate_, up_;
   std::vector<int64_t> seg_begin_;  // [world] first row of each source's block

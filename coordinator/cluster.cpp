@@ -1,0 +1,126 @@
+// cluster.cpp: control messages and the worker serve loop.
+#include "coordinator/cluster.h"
+
+#include <sys/resource.h>
+
+#include <csignal>
+#include <cstring>
+
+#include "coordinator/dispatch.h"
+#include "model/error.h"
+#include "worker/worker.h"
+
+namespace colibri::cluster {
+
+namespace {
+struct Message {
+  int32_t op = 0;
+  int32_t reserved = 0;
+  Setup setup;
+};
+}  // namespace
+
+void send_op(Communicator& comm, Op op) {
+  Message m;
+  m.op = static_cast<int32_t>(op);
+  comm.broadcast(&m, sizeof m, 0);
+}
+
+void send_setup(Communicator& comm, const Setup& s) {
+  Message m;
+  m.op = static_cast<int32_t>(Op::Setup);
+  m.setup = s;
+  comm.broadcast(&m, sizeof m, 0);
+}
+
+std::vector<RankReport> gather_reports(Communicator& comm, const RankReport& mine) {
+  std::vector<RankReport> all(static_cast<size_t>(comm.rank() == 0 ? comm.size() : 1));
+  comm.gather(&mine, sizeof mine, all.data(), 0);
+  return all;
+}
+
+uint64_t peak_rss_kb() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss);
+}
+
+void check_placement(const Placement& p, const ModelConfig& c, int world) {
+  if (p.num_layers() != c.num_layers || p.num_experts() != c.num_experts)
+    throw Error(Status::InvalidArgument, "the placement is for " + std::to_string(p.num_layers()) + " layers x " +
+                                             std::to_string(p.num_experts()) + " experts, the model has " +
+                                             std::to_string(c.num_layers) + " x " + std::to_string(c.num_experts));
+  for (int l = 0; l < p.num_layers(); ++l)
+    for (int e = 0; e < p.num_experts(); ++e) {
+      const auto& o = p.owners(l, e);
+      if (o.empty())
+        throw Error(Status::InvalidArgument, "the placement leaves expert " + std::to_string(e) + " of layer " +
+                                                 std::to_string(l) + " without an owner");
+      for (int r : o)
+        if (r < 0 || r >= world)
+          throw Error(Status::InvalidArgument, "the placement puts expert " + std::to_string(e) + " of layer " +
+                                                   std::to_string(l) + " on rank " + std::to_string(r) +
+                                                   ", which does not exist in a world of " + std::to_string(world));
+    }
+}
+
+void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placement> placement, Communicator& comm,
+           const WorkerOptions& opts) {
+  const ModelConfig& c = file->config();
+  check_placement(*placement, c, comm.size());
+  Message m;
+  comm.broadcast(&m, sizeof m, 0);
+  if (static_cast<Op>(m.op) == Op::Stop) return;  // the coordinator failed before starting
+  if (static_cast<Op>(m.op) != Op::Setup)
+    throw Error(Status::Comm, "rank " + std::to_string(comm.rank()) + ": expected the setup message, got op " + std::to_string(m.op));
+  if (m.setup.model_checksum != file->header().meta_checksum)
+    throw Error(Status::InvalidArgument, "rank " + std::to_string(comm.rank()) + " loaded a different model file (" +
+                                             file->path() + ") than the coordinator");
+  const int64_t rows_cap = m.setup.rows_cap;
+  if (rows_cap < 1 || rows_cap > (int64_t(1) << 24))
+    throw Error(Status::Comm, "rank " + std::to_string(comm.rank()) + ": bad setup (rows " + std::to_string(rows_cap) + ")");
+
+  std::unique_ptr<Worker> worker;
+  int owned = 0;
+  for (int l = 0; l < c.num_layers; ++l)
+    for (int e = 0; e < c.num_experts; ++e) owned += placement->owns(comm.rank(), l, e);
+  if (owned > 0)
+    worker = std::make_unique<Worker>(file, *placement, comm.rank(), comm.size(), rows_cap * c.experts_per_token, opts.store);
+  MoeDispatcher dispatch(c, *placement, comm, worker.get(), rows_cap);
+
+  long kill_at = -1;
+  if (opts.fault.rfind("kill:", 0) == 0) kill_at = std::stol(opts.fault.substr(5));
+  long passes = 0;
+  while (true) {
+    comm.broadcast(&m, sizeof m, 0);
+    switch (static_cast<Op>(m.op)) {
+      case Op::Forward:
+        if (passes++ == kill_at) std::raise(SIGKILL);  // testing aid: a lost rank
+        for (int l = 0; l < c.num_layers; ++l) dispatch.forward(l, nullptr, 0, nullptr, nullptr, nullptr);
+        break;
+      case Op::Report: {
+        RankReport r;
+        r.rank = comm.rank();
+        r.experts_owned = owned;
+        if (worker) {
+          CacheStats s = worker->store().stats();
+          r.hits = s.hits, r.misses = s.misses, r.bytes_loaded = s.bytes_loaded, r.evictions = s.evictions;
+          r.cache_slots = worker->store().slots();
+          std::strncpy(r.policy, worker->store().policy(), sizeof r.policy - 1);
+        }
+        r.rows_served = dispatch.stats().rows_served;
+        r.bytes_sent = comm.stats().bytes_sent;
+        r.bytes_received = comm.stats().bytes_received;
+        r.peak_rss_kb = peak_rss_kb();
+        gather_reports(comm, r);
+        break;
+      }
+      case Op::Stop:
+        return;
+      default:
+        throw Error(Status::Comm, "rank " + std::to_string(comm.rank()) + ": unknown op " + std::to_string(m.op));
+    }
+  }
+}
+
+}  // namespace colibri::cluster

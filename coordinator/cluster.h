@@ -1,0 +1,57 @@
+// cluster.h: the control protocol between the coordinator (rank 0) and the
+// worker ranks, and the workers' serve loop. Data moves in MoeDispatcher's
+// exchanges; these small messages say what comes next.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "coordinator/placement.h"
+#include "model/colibri_file.h"
+#include "worker/expert_store.h"
+
+namespace colibri::cluster {
+
+enum class Op : int32_t { Setup = 1, Forward = 2, Report = 3, Stop = 4 };
+
+// What the coordinator tells every rank before the first forward pass.
+struct Setup {
+  int64_t rows_cap = 0;        // most tokens per forward pass (sizes the buffers)
+  uint64_t model_checksum = 0; // meta checksum of the model file: all ranks must agree
+};
+
+// One rank's figures, gathered on rank 0 at the end.
+struct RankReport {
+  int32_t rank = 0;
+  int32_t experts_owned = 0;
+  uint64_t hits = 0, misses = 0, bytes_loaded = 0, evictions = 0;
+  uint64_t cache_slots = 0;
+  uint64_t rows_served = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t peak_rss_kb = 0;
+  char policy[16] = {0};
+};
+
+// rank 0: sends an op (and for Setup the payload) to every rank.
+void send_op(Communicator& comm, Op op);
+void send_setup(Communicator& comm, const Setup& s);
+// Gathers every rank's report on rank 0 (every rank calls it after a Report op).
+std::vector<RankReport> gather_reports(Communicator& comm, const RankReport& mine);
+uint64_t peak_rss_kb();
+
+struct WorkerOptions {
+  ExpertStoreOptions store;
+  std::string fault;  // testing aid: "kill:N" makes this rank SIGKILL itself at forward pass N
+};
+
+// A worker rank's life: receive Setup, then serve forward passes until Stop.
+// Returns normally on Stop; throws on errors (the caller aborts the job).
+void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placement> placement, Communicator& comm,
+           const WorkerOptions& opts);
+
+// Checks that a placement fits the model and the world (ranks in range).
+void check_placement(const Placement& p, const ModelConfig& c, int world);
+
+}  // namespace colibri::cluster

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Cluster parity: `colibri run` under mpirun with 1-4 ranks, every placement
+# policy, the coordinator hosting experts or not, expert caches small enough to
+# evict, the default and the UCX transport, must give logits BITWISE identical to
+# the single-process run on the transformers fixtures, and identical tokens.
+# usage: mpi_parity_test.sh COLIBRI FIXTURES_DIR [quick]
+set -euo pipefail
+colibri="$1"
+fixtures="$2"
+mode="${3:-full}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mpirun_base=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --mca btl self,vader,tcp)
+ucx=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any)
+fail=0
+runs=0
+
+check() {  # name, then the command; compares tokens and logits with the reference
+  local name="$1"; shift
+  runs=$((runs + 1))
+  if ! "$@" --dump-logits "$work/out.npy" > "$work/out.txt" 2> "$work/err.txt"; then
+    echo "FAIL $name: exit non-zero"; sed 's/^/    /' "$work/err.txt" | tail -20; fail=$((fail + 1)); return
+  fi
+  if ! diff <(grep '^sequence' "$work/ref.txt") <(grep '^sequence' "$work/out.txt") > /dev/null; then
+    echo "FAIL $name: tokens differ"; diff <(grep '^sequence' "$work/ref.txt") <(grep '^sequence' "$work/out.txt") | head -5
+    fail=$((fail + 1)); return
+  fi
+  if ! cmp -s "$work/ref.npy" "$work/out.npy"; then
+    echo "FAIL $name: logits are not bitwise identical"; fail=$((fail + 1)); return
+  fi
+  echo "ok   $name"
+}
+
+for fx in mixtral_a mixtral_b mixtral_c; do
+  [ "$mode" = quick ] && [ "$fx" != mixtral_a ] && continue
+  model="$work/$fx.colibri"
+  "$colibri" convert "$fixtures/$fx/hf" "$model" --dtype f32 --log-level warn
+  prompts=()
+  while read -r line; do prompts+=(--prompt-ids "$line"); done < <(python3 -c "
+import json; [print(','.join(map(str,p))) for p in json.load(open('$fixtures/$fx/expected.json'))['prompts']]" 2>/dev/null || true)
+  if [ ${#prompts[@]} -eq 0 ]; then prompts=(--prompt-ids 3,17,42,9,1 --prompt-ids 5,6,7,8,9,10,11,12,13 --prompt-ids 100,2); fi
+  common=(--model "$model" "${prompts[@]}" --max-new-tokens 8 --ignore-eos --log-level warn)
+  # The reference: one process. Its routing trace feeds the balanced placements.
+  "$colibri" generate "${common[@]}" --dump-logits "$work/ref.npy" --record-routing "$work/trace.jsonl" > "$work/ref.txt"
+  "$colibri" stats "$work/trace.jsonl" --out "$work/stats.json" --log-level warn > /dev/null
+  echo "== $fx: $(grep -c '^sequence' "$work/ref.txt") sequences"
+  check "$fx run world=1" "$colibri" run "${common[@]}"
+  for np in 2 3 4; do
+    for policy in contiguous round_robin balanced replicated; do
+      for coord in no yes; do
+        [ "$mode" = quick ] && [ "$np" = 3 ] && continue
+        extra=(--policy "$policy" --stats "$work/stats.json")
+        if [ "$policy" = replicated ]; then
+          # Replicas need a second host rank: with np=2 only when rank 0 hosts too.
+          [ "$np" = 2 ] && [ "$coord" = no ] && continue
+          extra+=(--redundant 2)
+        fi
+        [ "$coord" = yes ] && extra+=(--coordinator-experts)
+        check "$fx np=$np $policy coordinator-experts=$coord" \
+          "${mpirun_base[@]}" -np "$np" "$colibri" run "${common[@]}" "${extra[@]}"
+      done
+    done
+  done
+  # A placement file, a small evicting cache of every policy, and the UCX transport.
+  "$colibri" place --model "$model" --ranks 3 --policy round_robin --out "$work/p.json" --log-level warn > /dev/null
+  for cp in lru lfu hybrid pinned; do
+    check "$fx np=3 placement file, cache 1 expert/rank $cp" \
+      "${mpirun_base[@]}" -np 3 "$colibri" run "${common[@]}" --placement "$work/p.json" \
+      --expert-cache-experts 1 --cache-policy "$cp" --stats "$work/stats.json"
+  done
+  check "$fx np=3 UCX" "${mpirun_base[@]}" "${ucx[@]}" -np 3 "$colibri" run "${common[@]}" --policy balanced --stats "$work/stats.json"
+done
+echo "$runs runs, $fail failed"
+[ "$fail" -eq 0 ]
