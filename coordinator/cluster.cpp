@@ -46,22 +46,7 @@ uint64_t peak_rss_kb() {
 }
 
 void check_placement(const Placement& p, const ModelConfig& c, int world) {
-  if (p.num_layers() != c.num_layers || p.num_experts() != c.num_experts)
-    throw Error(Status::InvalidArgument, "the placement is for " + std::to_string(p.num_layers()) + " layers x " +
-                                             std::to_string(p.num_experts()) + " experts, the model has " +
-                                             std::to_string(c.num_layers) + " x " + std::to_string(c.num_experts));
-  for (int l = 0; l < p.num_layers(); ++l)
-    for (int e = 0; e < p.num_experts(); ++e) {
-      const auto& o = p.owners(l, e);
-      if (o.empty())
-        throw Error(Status::InvalidArgument, "the placement leaves expert " + std::to_string(e) + " of layer " +
-                                                 std::to_string(l) + " without an owner");
-      for (int r : o)
-        if (r < 0 || r >= world)
-          throw Error(Status::InvalidArgument, "the placement puts expert " + std::to_string(e) + " of layer " +
-                                                   std::to_string(l) + " on rank " + std::to_string(r) +
-                                                   ", which does not exist in a world of " + std::to_string(world));
-    }
+  p.check_fits(world, static_cast<int>(c.num_layers), static_cast<int>(c.num_experts));
 }
 
 void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placement> placement, Communicator& comm,

@@ -58,9 +58,13 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
   chunk_ = opts.prefill_chunk;
   rows_cap_ = std::max(chunk_, max_batch_);
 
-  placement_ = opts.placement ? opts.placement
-                              : std::make_shared<const Placement>(Placement::single(
-                                    static_cast<int>(c.num_layers), static_cast<int>(c.num_experts), comm_.rank()));
+  const int L = static_cast<int>(c.num_layers), NE = static_cast<int>(c.num_experts);
+  if (opts.placement)
+    placement_ = opts.placement;
+  else if (comm_.size() == 1)
+    placement_ = std::make_shared<const Placement>(Placement::single(L, NE));
+  else
+    placement_ = std::make_shared<const Placement>(make_placement("contiguous", L, NE, comm_.size(), false, nullptr, 0));
   cluster::check_placement(*placement_, c, comm_.size());
   trace_ = opts.trace;
   bool hosts = false;

@@ -121,8 +121,10 @@ int cmd_cache_sim(int argc, char** argv) {
   add_common_options(o);
   auto r = o.parse(argc, argv);
   if (handle_common(o, r)) return 0;
-  if (!r.count("trace")) throw Error(Status::InvalidArgument, "cache-sim needs --trace FILE (see colibri cache-sim --help)");
-  if (!r.count("capacity")) throw Error(Status::InvalidArgument, "cache-sim needs --capacity C (see colibri cache-sim --help)");
+  if (!r.count("trace"))
+    throw Error(Status::InvalidArgument, "cache-sim needs --trace FILE (see colibri cache-sim --help)");
+  if (!r.count("capacity"))
+    throw Error(Status::InvalidArgument, "cache-sim needs --capacity C (see colibri cache-sim --help)");
   if (r.count("per-layer") && r.count("global"))
     throw Error(Status::InvalidArgument, "cache-sim: --per-layer and --global exclude each other");
   const bool per_layer = !r.count("global");
@@ -141,7 +143,8 @@ int cmd_cache_sim(int argc, char** argv) {
     } catch (const std::exception&) {
     }
     if (used != c.size() || v < 0)
-      throw Error(Status::InvalidArgument, "cache-sim: --capacity takes slot counts such as 5 or 3,4,5,6, got '" + c + "'");
+      throw Error(Status::InvalidArgument,
+                  "cache-sim: --capacity takes slot counts such as 5 or 3,4,5,6, got '" + c + "'");
     if (v == 0)
       throw Error(Status::InvalidArgument, "cache-sim: capacity 0 is invalid: a cache must hold at least one expert");
     capacities.push_back(static_cast<size_t>(v));
@@ -186,7 +189,8 @@ int cmd_cache_sim(int argc, char** argv) {
                 trace.records.size(), at.keys.size(), at.batches.size());
     std::printf("replay: %s, %s\n",
                 per_layer ? "one cache of C slots per layer" : "one cache of C slots for all layers",
-                by_step ? "one batch per (step, layer): its distinct experts" : "one batch per token and layer: its experts in slot order");
+                by_step ? "one batch per (step, layer): its distinct experts"
+                        : "one batch per token and layer: its experts in slot order");
   }
   for (size_t cap : capacities) {
     const int64_t pin = pin_given ? pin_opt : static_cast<int64_t>(cap / 2);
@@ -194,8 +198,9 @@ int cmd_cache_sim(int argc, char** argv) {
     const CacheStats bel = replay_belady(at, cap, base.bytes_per_slot);
     if (!json_out) {
       std::printf("\ncapacity %zu%s\n", cap, per_layer ? " per layer" : "");
+      // misses and evictions: of the hinted replay unless --hints off
       std::printf("  %-9s %9s %9s %9s %9s\n", "policy", hints == "on" ? "" : "demand", hints == "off" ? "" : "hinted",
-                  "misses", "evictions");
+                  hints == "off" ? "misses" : "misses(h)", hints == "off" ? "evictions" : "evict.(h)");
     }
     for (const auto& p : policies) {
       CacheStats st[2];  // [0] demand only, [1] with hints

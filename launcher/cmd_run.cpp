@@ -263,7 +263,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     go.record_logits = r.count("dump-logits") > 0;
     GenerateStats st;
     auto out = engine.generate(reqs, go, &st);
-    if (trace) trace->flush();
+    if (trace) trace->close();
 
     for (size_t i = 0; i < out.size(); ++i) {
       std::string ids;
@@ -306,9 +306,17 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
                   rr.peak_rss_kb / 1024.0);
     }
     if (world > 1) {
-      const double steps = std::max<double>(1, static_cast<double>(st.decode_tokens + st.prefill_tokens));
-      spdlog::info("exchanged {:.2f} MiB to workers, {:.1f} KiB per token", comm->stats().bytes_sent / 1048576.0,
-                   comm->stats().bytes_sent / 1024.0 / steps);
+      // What crossed the wire from the coordinator: each (token, expert) row once
+      // per remote owner, plus the per-layer counts; never the whole batch.
+      const auto& ds = engine.dispatch_stats();
+      const uint64_t row_bytes = static_cast<uint64_t>(cfg.hidden_size) * sizeof(float);
+      const uint64_t tokens = static_cast<uint64_t>(st.prefill_tokens + st.decode_tokens);
+      std::printf("exchange: %llu forward passes, %llu tokens, %llu (token, expert) rows to other ranks = %llu row bytes, "
+                  "%llu count bytes, %llu bytes sent in all (%.1f KiB per token)\n",
+                  (unsigned long long)(ds.layers / std::max<int64_t>(1, cfg.num_layers)), (unsigned long long)tokens,
+                  (unsigned long long)ds.rows_remote, (unsigned long long)(ds.rows_remote * row_bytes),
+                  (unsigned long long)(comm->stats().bytes_sent - ds.rows_remote * row_bytes),
+                  (unsigned long long)comm->stats().bytes_sent, comm->stats().bytes_sent / 1024.0 / std::max<uint64_t>(1, tokens));
     }
     engine.stop_workers();
 

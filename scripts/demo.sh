@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job end to end on a fresh machine: installs what is missing, builds,
 # synthesises a small Mixtral-style model (Hugging Face layout), converts it to
-# .colibri, and generates tokens, printing them and the tokens/s.
+# .colibri, and generates tokens in one process and then as a cluster (a
+# coordinator and two expert workers under mpirun), printing the tokens, the
+# tokens/s and every worker's expert-cache statistics.
 # usage: scripts/demo.sh [preset: tiny|small|medium] (default small)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,7 +24,11 @@ if [ ! -f "$model" ]; then
   "$colibri" convert "$hf" "$model" --dtype bf16
 fi
 "$colibri" inspect "$model" | head -5
-echo "== generating: 2 prompts, 32 new tokens each, greedy, one process"
-"$colibri" generate --model "$model" \
-  --prompt-ids 1,415,29,90,102,338 --prompt-ids 1,450,99,173,17,291,7,44 \
-  --max-new-tokens 32 --ignore-eos
+prompts=(--prompt-ids 1,415,29,90,102,338 --prompt-ids 1,450,99,173,17,291,7,44)
+echo "== one process: 2 prompts, 32 new tokens each, greedy"
+"$colibri" generate --model "$model" "${prompts[@]}" --max-new-tokens 32 --ignore-eos --log-level warn
+echo
+echo "== a cluster: coordinator (rank 0) + 2 expert workers, experts placed round-robin,"
+echo "   each worker with a fast tier of 12 experts (LRU) in front of the mmapped file"
+"$colibri" launch -n 3 -- run --model "$model" "${prompts[@]}" --max-new-tokens 32 --ignore-eos \
+  --policy round_robin --expert-cache-experts 12 --cache-policy lru --log-level warn

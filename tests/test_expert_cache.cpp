@@ -442,7 +442,8 @@ TEST(ExpertCache, EveryPolicyAtMostBeladyOnRandomTraces) {
               o.decay = 0.8;
               o.num_experts = E;
               o.max_keys = static_cast<uint64_t>(L) * E;
-              if (p == "pinned" && cap > 1) o.pinned = {static_cast<uint64_t>(g) * E + g % E};  // fewer than cap: no bypass
+              // One pin, fewer than the capacity: no miss is served without caching.
+              if (p == "pinned" && cap > 1) o.pinned = {static_cast<uint64_t>(g) * E + g % E};
               return ExpertCache::create(p, cap, o);
             },
             hints);

@@ -333,7 +333,9 @@ TEST(Placement, ExampleConfigsLoad) {
     if (f.path().extension() != ".json") continue;
     SCOPED_TRACE(f.path().string());
     auto p = Placement::load(f.path().string());
-    if (f.path().filename().string().rfind("tiny-", 0) == 0) EXPECT_NO_THROW(p.check_fits(3, 2, 4));
+    if (f.path().filename().string().rfind("tiny-", 0) == 0) {
+      EXPECT_NO_THROW(p.check_fits(3, 2, 4));
+    }
     ++n;
   }
   EXPECT_GE(n, 2);

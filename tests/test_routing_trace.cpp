@@ -297,7 +297,9 @@ TEST(RoutingTrace, RealHumanEval0IsPrefillThenDecodeSteps) {
   for (size_t i = 0; i < t.records.size(); ++i) {
     const auto& r = t.records[i];
     ASSERT_EQ(r.seq, 0);
-    if (i > 0) ASSERT_LT(key(t.records[i - 1]), key(r)) << "record " << i << " is not in time order";
+    if (i > 0) {
+      ASSERT_LT(key(t.records[i - 1]), key(r)) << "record " << i << " is not in time order";
+    }
     pos_of_step[r.step].insert(r.pos);
     ++rows_of_step[r.step];
   }

@@ -250,7 +250,9 @@ class PredictCache : public DenseCache {
   static constexpr uint32_t kMaxMarkovExperts = 512;  // T is E*E floats per layer
 
   PredictCache(size_t capacity, const CacheOptions& opts)
-      : DenseCache(capacity, opts), experts_(opts.num_experts), markov_(opts.num_experts && opts.num_experts <= kMaxMarkovExperts) {
+      : DenseCache(capacity, opts),
+        experts_(opts.num_experts),
+        markov_(opts.num_experts && opts.num_experts <= kMaxMarkovExperts) {
     if (opts_.max_keys) {
       grow_policy(opts_.max_keys);
     }
@@ -435,9 +437,10 @@ void add(CacheStats& a, const CacheStats& b) {
 }
 void check_batch(const AccessTrace& t, const AccessBatch& b) {
   if (b.group >= t.num_groups || b.begin > b.end || b.end > t.keys.size())
-    throw Error(Status::InvalidArgument, "replay: batch out of range (group " + std::to_string(b.group) + " of " +
-                                             std::to_string(t.num_groups) + ", keys [" + std::to_string(b.begin) +
-                                             ", " + std::to_string(b.end) + ") of " + std::to_string(t.keys.size()) + ")");
+    throw Error(Status::InvalidArgument,
+                "replay: batch out of range (group " + std::to_string(b.group) + " of " + std::to_string(t.num_groups) +
+                    ", keys [" + std::to_string(b.begin) + ", " + std::to_string(b.end) + ") of " +
+                    std::to_string(t.keys.size()) + ")");
 }
 }  // namespace
 

@@ -61,7 +61,10 @@ class ExpertCache {
 
 // NOTE (added): when every slot holds a pinned key, a miss on another key is
 // served without caching it: counted as a miss (and its bytes as loaded),
-// nothing evicted, *evicted = -1, the key not resident afterwards.
+// nothing evicted, *evicted = -1, the key not resident afterwards. A hinted key
+// stays protected until it is accessed (or the next hint_upcoming); only when a
+// batch needs more distinct keys than there are unpinned slots, and every
+// resident unpinned key is hinted and not yet used, is one of them evicted.
 
 // Belady's MIN, the offline optimum (it needs the future, so it is a simulator,
 // not a policy): replays `keys` in order, one access each, through `capacity`
