@@ -312,4 +312,34 @@ done
 if [ "$nfix" -eq 0 ]; then echo "   skip: no fixtures under $FIX"; fi
 if [ "$HAVE_PY" -eq 0 ]; then echo "   skip: python3 not found, fixture tokens not compared"; fi
 
+
+step "routing trace, stats, placements, cache-sim, launch"
+expect_rc 0 "generate --record-routing" "$BIN" generate -m "$M" -p 1,2,3,4,5 -p 9,8 -n 6 --ignore-eos --record-routing "$T/trace.jsonl"
+[ -s "$T/trace.jsonl" ] && [ ! -e "$T/trace.jsonl.tmp" ] || fail "routing trace missing or left as .tmp"
+pass "routing trace written"
+expect_rc 0 "stats" "$BIN" stats "$T/trace.jsonl" --out "$T/stats.json"
+[ -s "$T/stats.json" ] || fail "stats.json missing"
+for pol in contiguous round_robin balanced replicated; do
+  expect_rc 0 "place --policy $pol" "$BIN" place --model "$M" --ranks 3 --policy "$pol" --stats "$T/stats.json" --out "$T/p-$pol.json"
+  out_has "balancedness"
+done
+expect_rc 11 "place balanced without stats" "$BIN" place --model "$M" --ranks 3 --policy balanced --out "$T/p.json"
+expect_rc 12 "stats of a missing trace" "$BIN" stats "$T/nope.jsonl" --out "$T/s.json"
+printf '{"format":"colibri-routing","version":1,"num_layers":2,"num_experts":4,"top_k":2}\n{"step":0,"layer":0\n' > "$T/bad.jsonl"
+expect_rc 13 "stats of a malformed trace" "$BIN" stats "$T/bad.jsonl" --out "$T/s.json"
+err_has "bad.jsonl:2"
+expect_rc 0 "cache-sim on the recorded trace" "$BIN" cache-sim --trace "$T/trace.jsonl" --capacity 2
+out_has "belady"
+expect_rc 11 "run with a placement for another world size" "$BIN" run -m "$M" -p 1,2 --placement "$T/p-balanced.json"
+err_has "3 ranks"
+expect_rc 11 "run with an expert cache smaller than one expert" "$BIN" run -m "$M" -p 1,2 --expert-cache-bytes 100
+err_has "smaller than one expert"
+expect_rc 0 "launch --dry-run" "$BIN" launch -n 3 --dry-run -- run -m "$M" -p 1,2
+out_has "--oversubscribe"
+out_has "--bind-to none"
+expect_rc 0 "launch --dry-run --ucx" "$BIN" launch -n 2 --ucx --dry-run -- run -m "$M" -p 1,2
+out_has "--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any"
+expect_rc 11 "launch -n 0" "$BIN" launch -n 0 -- run -m "$M"
+expect_rc 11 "launch without a command" "$BIN" launch -n 2
+
 echo "cli_test: all $CHECKS checks passed"

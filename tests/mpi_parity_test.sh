@@ -64,7 +64,7 @@ import json; [print(','.join(map(str,p))) for p in json.load(open('$fixtures/$fx
   done
   # A placement file, a small evicting cache of every policy, and the UCX transport.
   "$colibri" place --model "$model" --ranks 3 --policy round_robin --out "$work/p.json" --log-level warn > /dev/null
-  for cp in lru lfu hybrid pinned; do
+  for cp in lru lfu hybrid pinned predict; do
     check "$fx np=3 placement file, cache 1 expert/rank $cp" \
       "${mpirun_base[@]}" -np 3 "$colibri" run "${common[@]}" --placement "$work/p.json" \
       --expert-cache-experts 1 --cache-policy "$cp" --stats "$work/stats.json"

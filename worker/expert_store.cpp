@@ -25,6 +25,8 @@ ExpertStore::ExpertStore(std::shared_ptr<const ColibriFile> file, const ExpertSt
   slots = std::min<uint64_t>(slots, std::max<size_t>(owned.size(), 1));
   CacheOptions co;
   co.bytes_per_slot = block_;
+  co.max_keys = keys;  // per-key tables allocated once, here
+  co.num_experts = static_cast<uint32_t>(experts_);
   co.decay = opts.decay;
   for (uint64_t k : opts.pinned)
     for (uint64_t o : owned)
@@ -75,8 +77,8 @@ const ExpertView& ExpertStore::get(int layer, int expert, uint64_t now) {
     return views_[static_cast<size_t>(s)];
   }
   if (!cache_->resident(key)) {
-    // The policy admitted nothing (every slot pinned or needed by this batch):
-    // served straight from the host tier, verified once.
+    // The policy admitted nothing (every slot is pinned): served straight
+    // from the host tier, verified once.
     if (!verified_[key]) {
       file_->verify_expert(src);
       verified_[key] = 1;
