@@ -26,7 +26,9 @@
 #include "model/error.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
-#include "test_util.h"
+#include "colibri.h"
+#include "tests/cli_runner.h"
+#include "tests/test_util.h"
 
 namespace colibri {
 namespace {
@@ -793,6 +795,18 @@ TEST_F(ColibriFileTest, CorruptedFilesAreRejected) {
     ColibriFile::Options lazy;
     lazy.verify_dense = false;
     expect_error([&] { ColibriFile::open(path, lazy); }, c.status, c.needles);
+    // The same file through the command line and the C API: a specific exit
+    // code and message (never a signal), a specific status.
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"inspect", path}, {"generate", "--model", path, "--prompt-ids", "1,2", "-n", "2"}}) {
+      auto r = test::run_cli(d, args);
+      EXPECT_TRUE(r.exited) << args[0] << " was killed by signal " << r.code << "\n" << r.err;
+      EXPECT_EQ(r.code, exit_code(c.status)) << args[0] << ": " << r.err;
+      EXPECT_NE(r.err.find(c.needles.front()), std::string::npos) << args[0] << " said: " << r.err;
+    }
+    colibri_model* m = nullptr;
+    EXPECT_EQ(colibri_init(path.c_str(), nullptr, &m), static_cast<colibri_status>(c.status)) << colibri_last_error();
+    EXPECT_EQ(m, nullptr);
   }
 }
 

@@ -17,7 +17,8 @@
 #include "model/dtype.h"
 #include "model/error.h"
 #include "model/safetensors.h"
-#include "test_util.h"
+#include "tests/cli_runner.h"
+#include "tests/test_util.h"
 
 namespace colibri {
 namespace {
@@ -243,6 +244,11 @@ TEST(Safetensors, ZeroSizedTensorNextToAnother) {
 // ---------------------------------------------------------------------------
 // Malformed files (table-driven)
 
+// A valid Mixtral config.json, so `colibri convert` gets as far as the weights.
+constexpr const char* kTinyConfig = R"({"architectures": ["MixtralForCausalLM"], "vocab_size": 16, "hidden_size": 8,
+ "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+ "num_local_experts": 2, "num_experts_per_tok": 1, "max_position_embeddings": 32})";
+
 struct MalformedCase {
   const char* name;
   std::string bytes;
@@ -328,6 +334,53 @@ TEST(Safetensors, MalformedFilesAreRejected) {
     std::vector<std::string> needles = c.needles;
     needles.push_back(path);  // every message names the file
     expect_error([&] { SafetensorsFile f(path); }, c.status, needles);
+    // `colibri convert` on a checkpoint holding this file: a specific exit
+    // code and message, never a signal, and no output file.
+    TempDir ck;
+    write_bytes(ck.file("config.json"), kTinyConfig);
+    write_bytes(ck.file("model.safetensors"), c.bytes);
+    auto r = test::run_cli(ck, {"convert", ck.path(), ck.file("out.colibri")});
+    EXPECT_TRUE(r.exited) << "convert killed by signal " << r.code;
+    EXPECT_EQ(r.code, exit_code(c.status)) << r.err;
+    EXPECT_NE(r.err.find(c.needles.front()), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(ck.file("out.colibri")));
+    EXPECT_FALSE(std::filesystem::exists(ck.file("out.colibri.tmp")));
+  }
+}
+
+// config.json problems reach the user of `colibri convert` as clear errors.
+TEST(Safetensors, ConvertRejectsBadConfigs) {
+  struct Case {
+    const char* name;
+    std::string config;
+    Status status;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {"not JSON", "{\"architectures\": [", Status::Format, "config.json: not valid JSON"},
+      {"not an object", "[1, 2]", Status::Format, "not a JSON object"},
+      {"unknown architecture", R"({"architectures":["LlamaForCausalLM"]})", Status::Unsupported,
+       "unsupported architecture 'LlamaForCausalLM'; supported: MixtralForCausalLM"},
+      {"missing hidden_size", R"({"architectures":["MixtralForCausalLM"],"vocab_size":8})", Status::Format,
+       "missing required field 'hidden_size'"},
+      {"wrong type", R"({"architectures":["MixtralForCausalLM"],"vocab_size":"many"})", Status::Format,
+       "field 'vocab_size' has the wrong type"},
+      {"negative size", std::string(kTinyConfig).replace(std::string(kTinyConfig).find("\"hidden_size\": 8"), 16, "\"hidden_size\": -8"),
+       Status::Format, "hidden_size = -8 is outside"},
+      {"absurd experts", std::string(kTinyConfig).replace(std::string(kTinyConfig).find("\"num_local_experts\": 2"), 22,
+                                                          "\"num_local_experts\": 9999999"),
+       Status::Format, "num_experts = 9999999 is outside"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    TempDir ck;
+    write_bytes(ck.file("config.json"), c.config);
+    write_bytes(ck.file("model.safetensors"), st_bytes("{}", 0));
+    auto r = test::run_cli(ck, {"convert", ck.path(), ck.file("out.colibri")});
+    EXPECT_TRUE(r.exited);
+    EXPECT_EQ(r.code, exit_code(c.status)) << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(ck.file("out.colibri")));
   }
 }
 
@@ -491,6 +544,11 @@ TEST(Safetensors, CheckpointIndexErrors) {
     write_shard(dir.path(), {s1, {{"a", {1, 2}}, {"b", {3}}}});
     write_text(dir.file("model.safetensors.index.json"), c.index);
     expect_error([&] { Checkpoint ck(dir.path()); }, c.status, c.needles);
+    write_text(dir.file("config.json"), kTinyConfig);
+    auto r = test::run_cli(dir, {"convert", dir.path(), dir.file("out.colibri")});
+    EXPECT_TRUE(r.exited);
+    EXPECT_EQ(r.code, exit_code(c.status)) << r.err;
+    EXPECT_NE(r.err.find(c.needles.front()), std::string::npos) << r.err;
   }
 }
 

@@ -1,0 +1,83 @@
+// fuzz_support.cpp: the shared pieces of the fuzz targets (see fuzz_support.h),
+// and the C API's status string, which model/dtype.cpp needs and which would
+// otherwise pull the whole engine (launcher/capi.cpp) into every fuzzer.
+#include "fuzz_support.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "colibri.h"
+
+extern "C" const char* colibri_status_string(colibri_status status) {
+  switch (status) {
+    case COLIBRI_OK: return "ok";
+    case COLIBRI_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case COLIBRI_ERR_IO: return "i/o error";
+    case COLIBRI_ERR_FORMAT: return "malformed model file";
+    case COLIBRI_ERR_CHECKSUM: return "checksum mismatch";
+    case COLIBRI_ERR_UNSUPPORTED: return "unsupported";
+    case COLIBRI_ERR_OUT_OF_MEMORY: return "out of memory";
+    case COLIBRI_ERR_COMM: return "communication error";
+    case COLIBRI_ERR_CANCELLED: return "cancelled";
+    case COLIBRI_ERR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+namespace colibri::fuzz {
+
+InputFile& InputFile::get() {
+  static InputFile f;
+  return f;
+}
+
+InputFile::InputFile() {
+  // The parsers may log (spdlog); a fuzzer's output is its reports only.
+  spdlog::set_level(spdlog::level::off);
+  fd_ = ::memfd_create("colibri-fuzz-input", MFD_CLOEXEC);
+  if (fd_ >= 0) {
+    path_ = "/proc/self/fd/" + std::to_string(fd_);
+    if (::access(path_.c_str(), R_OK) == 0) return;
+    ::close(fd_);
+    fd_ = -1;
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  path_ = std::string(tmp && *tmp ? tmp : "/tmp") + "/colibri-fuzz-input." + std::to_string(::getpid());
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd_ < 0) finding("setup", "cannot create " + path_ + ": " + std::strerror(errno));
+  // NOTE: unlinked at exit, also when libFuzzer exits after a crash report.
+  static std::string to_remove = path_;
+  std::atexit([] { ::unlink(to_remove.c_str()); });
+}
+
+void InputFile::set(const uint8_t* data, size_t size, size_t file_size) {
+  if (::ftruncate(fd_, 0) != 0) finding("setup", std::string("ftruncate: ") + std::strerror(errno));
+  size_t done = 0;
+  while (done < size) {
+    ssize_t w = ::pwrite(fd_, data + done, size - done, static_cast<off_t>(done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) finding("setup", std::string("pwrite: ") + std::strerror(errno));
+    done += static_cast<size_t>(w);
+  }
+  if (file_size > size && ::ftruncate(fd_, static_cast<off_t>(file_size)) != 0)
+    finding("setup", std::string("ftruncate: ") + std::strerror(errno));
+}
+
+void finding(const char* what, const std::string& detail) {
+  std::fprintf(stderr, "\n==colibri-fuzz== FINDING in %s: %s\n", what, detail.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+uint64_t load_le64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+}  // namespace colibri::fuzz
