@@ -2,6 +2,7 @@
 // in-process, MPI, NCCL). Collective calls: every rank calls them in the same
 // order. Errors throw Error(Comm) naming the rank.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -40,6 +41,12 @@ class Communicator {
   // names the ranks that did not answer (0: forever).
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
+  // A flag (set by a signal handler) that turns an otherwise unbounded wait into
+  // one bounded by `grace_s` seconds once the flag is non-zero.
+  void set_interrupt(const std::atomic<int>* flag, double grace_s) {
+    interrupt_ = flag;
+    interrupt_grace_s_ = grace_s;
+  }
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
@@ -47,6 +54,8 @@ class Communicator {
  protected:
   CommStats stats_;
   double timeout_s_ = 300.0;
+  const std::atomic<int>* interrupt_ = nullptr;
+  double interrupt_grace_s_ = 10.0;
 };
 
 // The one-process backend: every collective is a copy to self.

@@ -169,13 +169,21 @@ class MpiCommunicator final : public Communicator {
   void wait_all(const std::string& what) { wait_all(what, timeout_s_); }
   void wait_all(const std::string& what, double timeout_s) {
     using clock = std::chrono::steady_clock;
-    const auto start = clock::now();
+    auto start = clock::now();
+    bool interrupted = false;
     int idle = 0;
     while (true) {
       int done = 0;
       COLIBRI_MPI_CHECK(rank_, MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE));
       if (done) return;
       if (++idle > 64) std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 * (idle - 64))));
+      if (!interrupted && interrupt_ && interrupt_->load() != 0) {
+        // Stopping: wait at most the grace period from now on, even where the
+        // wait had no deadline (an idle worker waiting for its next command).
+        interrupted = true;
+        start = clock::now();
+        timeout_s = timeout_s > 0 ? std::min(timeout_s, interrupt_grace_s_) : interrupt_grace_s_;
+      }
       if (timeout_s > 0 && std::chrono::duration<double>(clock::now() - start).count() > timeout_s) {
         std::string missing;
         for (size_t i = 0; i < reqs_.size(); ++i) {

@@ -53,6 +53,7 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
            const WorkerOptions& opts) {
   const ModelConfig& c = file->config();
   check_placement(*placement, c, comm.size());
+  if (opts.fault == "kill:start") std::raise(SIGKILL);  // testing aid: lost during start-up
   Message m;
   comm.broadcast(&m, sizeof m, 0);
   if (static_cast<Op>(m.op) == Op::Stop) return;  // the coordinator failed before starting

@@ -43,7 +43,7 @@ uint64_t peak_rss_kb();
 
 struct WorkerOptions {
   ExpertStoreOptions store;
-  std::string fault;  // testing aid: "kill:N" makes this rank SIGKILL itself at forward pass N
+  std::string fault;  // testing aid: "kill:N" / "kill:start": SIGKILL at forward pass N / before setup
 };
 
 // A worker rank's life: receive Setup, then serve forward passes until Stop.

@@ -299,10 +299,18 @@ std::vector<SequenceOutput> Engine::generate(const std::vector<Request>& reqs, c
     return true;
   };
 
+  auto interrupted = [&] {
+    if (opts.interrupt && opts.interrupt->load() != 0) {
+      st.interrupted = opts.interrupt->load();
+      st.cancelled = true;
+    }
+    return st.cancelled;
+  };
+
   // Prefill in chunks that may span sequences.
   auto t0 = clock::now();
   int64_t s = 0, p = 0;
-  while (s < B && !st.cancelled) {
+  while (s < B && !interrupted()) {
     int64_t n = 0;
     while (n < chunk_ && s < B) {
       const Request& r = reqs[static_cast<size_t>(s)];
@@ -336,7 +344,7 @@ std::vector<SequenceOutput> Engine::generate(const std::vector<Request>& reqs, c
   st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
   // Decode: one row per unfinished sequence.
-  while (!st.cancelled) {
+  while (!interrupted()) {
     int64_t n = 0;
     for (int64_t q = 0; q < B; ++q) {
       if (done[static_cast<size_t>(q)]) continue;
@@ -359,7 +367,7 @@ std::vector<SequenceOutput> Engine::generate(const std::vector<Request>& reqs, c
   st.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
   if (st.cancelled)
     for (auto& o : out)
-      if (o.finish_reason.empty()) o.finish_reason = "cancelled";
+      if (o.finish_reason.empty()) o.finish_reason = st.interrupted ? "interrupted" : "cancelled";
   if (stats) *stats = st;
   return out;
 }

@@ -2,6 +2,7 @@
 // attention with a KV cache, router, MoE dispatch through the communicator,
 // final norm, LM head and sampling, for a batch of sequences of any lengths.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -42,19 +43,23 @@ struct SequenceOutput {
   // With record_logits: [prompt_len + tokens.size() - 1][vocab] row p holds the
   // logits after position p (the last prompt row predicts the first new token).
   std::vector<float> logits;
-  std::string finish_reason;  // "length", "eos" or "cancelled"
+  std::string finish_reason;  // "length", "eos", "cancelled" or "interrupted"
 };
 
 struct GenerateOptions {
   bool record_logits = false;
   // Called after each new token; return false to stop the whole call.
   std::function<bool(int seq, int pos, int32_t token)> on_token;
+  // Polled before every forward pass; non-zero (e.g. a signal number) stops the
+  // call, keeping what was generated (finish_reason "interrupted").
+  const std::atomic<int>* interrupt = nullptr;
 };
 
 struct GenerateStats {
   int64_t prefill_tokens = 0, decode_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
   bool cancelled = false;
+  int interrupted = 0;  // the interrupt flag's value when it stopped the call
 };
 
 class Engine {

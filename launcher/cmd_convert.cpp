@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "launcher/commands.h"
+#include "launcher/signals.h"
 #include "model/config.h"
 #include "model/converter.h"
 #include "model/error.h"
@@ -33,8 +34,20 @@ int cmd_convert(int argc, char** argv) {
   }
   Progress prog("convert");
   co.progress = [&](uint64_t d, uint64_t t, const std::string&) { prog.update(d, t); };
+  install_stop_handlers();
+  co.interrupt = stop_flag();
   auto t0 = std::chrono::steady_clock::now();
-  ConvertResult res = convert_checkpoint(r["input"].as<std::string>(), r["output"].as<std::string>(), co);
+  ConvertResult res;
+  try {
+    res = convert_checkpoint(r["input"].as<std::string>(), r["output"].as<std::string>(), co);
+  } catch (const Error& e) {
+    prog.finish();
+    if (e.status() == Status::Cancelled && stop_flag()->load()) {
+      spdlog::error("{}", e.what());
+      return 128 + stop_flag()->load();
+    }
+    throw;
+  }
   prog.finish();
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("wrote {} ({} tensors, {} experts, {:.1f} MiB, {}) in {:.2f} s", r["output"].as<std::string>(), res.tensors,

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -18,6 +19,7 @@
 #include "coordinator/routing_trace.h"
 #include "kernels/cpu/kernels.h"
 #include "launcher/commands.h"
+#include "launcher/signals.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
 #include "model/npy.h"
@@ -85,7 +87,7 @@ void add_generation_options(cxxopts::Options& o) {
                            cxxopts::value<std::string>()->default_value("auto"))(
       "gpu", "NCCL backend: GPU of this rank; -1 = the local rank", cxxopts::value<int>()->default_value("-1"))(
       "comm-timeout", "Seconds a rank waits for a peer before failing", cxxopts::value<double>()->default_value("120"))(
-      "inject-fault", "Testing aid: RANK:kill:N kills RANK at its N-th forward pass", cxxopts::value<std::string>());
+      "inject-fault", "Testing aid: RANK:kill:N kills a worker at its N-th forward pass, rank 0 at its N-th token; RANK:kill:start at start-up", cxxopts::value<std::string>());
 }
 
 uint64_t parse_bytes(const std::string& s) {
@@ -155,6 +157,11 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     throw Error(Status::InvalidArgument, "--comm '" + comm_kind + "' (auto, local, mpi, nccl)");
   }
   comm->set_timeout(r["comm-timeout"].as<double>());
+  // SIGINT/SIGTERM: the coordinator stops between forward passes, tells the
+  // workers to stop, and prints what it has as partial; workers keep serving
+  // until then (at most 10 s more).
+  install_stop_handlers();
+  comm->set_interrupt(stop_flag(), 10.0);
   const int rank = comm->rank(), world = comm->size();
   if (world > 1) spdlog::set_pattern("[%H:%M:%S.%e] [rank " + std::to_string(rank) + "] [%^%l%$] %v");
 
@@ -261,15 +268,26 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
 
     GenerateOptions go;
     go.record_logits = r.count("dump-logits") > 0;
+    go.interrupt = stop_flag();
+    if (!fault.empty() && fault.rfind("kill:", 0) == 0) {
+      // Testing aid: the coordinator dies after its N-th token.
+      const long at = std::stol(fault.substr(5));
+      go.on_token = [at, n = 0L](int, int, int32_t) mutable {
+        if (n++ == at) std::raise(SIGKILL);
+        return true;
+      };
+    }
     GenerateStats st;
     auto out = engine.generate(reqs, go, &st);
     if (trace) trace->close();
 
+    const int sig = st.interrupted;
     for (size_t i = 0; i < out.size(); ++i) {
       std::string ids;
       for (size_t j = 0; j < out[i].tokens.size(); ++j) ids += (j ? "," : "") + std::to_string(out[i].tokens[j]);
-      std::printf("sequence %zu: %s\n", i, ids.c_str());
+      std::printf("sequence %zu%s: %s\n", i, sig ? " (partial)" : "", ids.c_str());
     }
+    if (sig) std::printf("interrupted by %s: the sequences above are partial\n", signal_name(sig));
     std::printf("prefill: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)st.prefill_tokens, st.prefill_seconds,
                 st.prefill_seconds > 0 ? st.prefill_tokens / st.prefill_seconds : 0.0);
     std::printf("decode: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)st.decode_tokens, st.decode_seconds,
@@ -328,12 +346,14 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       for (size_t i = 0; i < out.size(); ++i)
         std::copy(out[i].logits.begin(), out[i].logits.end(), all.begin() + static_cast<ptrdiff_t>(i * P * V));
       write_npy_f32(r["dump-logits"].as<std::string>(), {static_cast<int64_t>(out.size()), P, V}, all.data());
-      spdlog::info("wrote logits [{}, {}, {}] to {}", out.size(), P, V, r["dump-logits"].as<std::string>());
+      spdlog::info("wrote {}logits [{}, {}, {}] to {}", sig ? "partial " : "", out.size(), P, V,
+                   r["dump-logits"].as<std::string>());
     }
     if (world > 1) comm->barrier();
     comm.reset();
     if (comm_kind != "local") mpi_runtime::finalize();
-    return 0;
+    std::fflush(stdout);
+    return sig ? 128 + sig : 0;
   } catch (const Error& e) {
     if (world > 1) {
       // NOTE: one rank's error must end the whole job, not leave peers waiting.

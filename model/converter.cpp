@@ -95,6 +95,11 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
   auto fused = [&](int l, const char* w) { return "model.layers." + std::to_string(l) + ".mlp.experts." + w; };
   const bool is_fused = !ck.find(classic(0, 0, "w1")) && ck.find(fused(0, "gate_up_proj"));
 
+  auto check_interrupt = [&] {
+    if (opts.interrupt && opts.interrupt->load() != 0)
+      throw Error(Status::Cancelled, "conversion interrupted (signal " + std::to_string(opts.interrupt->load()) + "); '" +
+                                         out_path + "' was not written");
+  };
   ColibriWriter w(out_path, cfg, dense, dtype);
   // Progress counts the bytes of tensor and expert data (not metadata or padding).
   uint64_t total = static_cast<uint64_t>(cfg.num_layers * E) * w.layout().size;
@@ -107,6 +112,7 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
   ConvertResult res;
   std::vector<uint8_t> buf;
   for (size_t i = 0; i < dense.size(); ++i) {
+    check_interrupt();
     const SafeTensor& src = ck.get(sources[i]);
     const size_t n = static_cast<size_t>(src.numel());
     buf.resize(n * dtype_size(dense[i].dtype));
@@ -129,6 +135,7 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
       dn = &expect(ck, fused(l, "down_proj"), {E, H, I});
     }
     for (int e = 0; e < E; ++e) {
+      check_interrupt();
       // Where this expert's gate, up and down matrices start in the checkpoint.
       struct Src { const SafeTensor* t; size_t first; };
       Src src[3];

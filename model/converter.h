@@ -1,5 +1,6 @@
 // converter.h: Hugging Face checkpoint directory -> .colibri file.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -15,6 +16,9 @@ struct ConvertOptions {
   std::optional<DType> dtype;
   // Called after each tensor or expert block: (bytes written, total bytes, name).
   std::function<void(uint64_t, uint64_t, const std::string&)> progress;
+  // Polled between tensors: non-zero (a signal number) stops the conversion
+  // with Error(Cancelled); OUT is not created and OUT.tmp is removed.
+  const std::atomic<int>* interrupt = nullptr;
 };
 
 struct ConvertResult {

@@ -74,6 +74,18 @@ void finding(const char* what, const std::string& detail) {
   std::abort();
 }
 
+bool verbose() {
+  static const bool v = [] {
+    const char* e = std::getenv("COLIBRI_FUZZ_VERBOSE");
+    return e && *e && *e != '0';
+  }();
+  return v;
+}
+
+void note(const char* what, bool accepted) {
+  if (verbose()) std::fprintf(stderr, "  %s: %s\n", what, accepted ? "accepted" : "rejected");
+}
+
 uint64_t load_le64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];

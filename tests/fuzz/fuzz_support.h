@@ -39,14 +39,21 @@ class InputFile {
     if (!(cond)) ::colibri::fuzz::finding("invariant failed: " #cond, (detail)); \
   } while (0)
 
+// COLIBRI_FUZZ_VERBOSE=1: the targets say what each parser did with each input
+// (for checking that the seeds reach the deep paths; off while fuzzing).
+bool verbose();
+void note(const char* what, bool accepted);
+
 // Runs fn(); a colibri::Error is an expected outcome (returns false), any other
 // exception is a finding. Returns true when fn() returned normally.
 template <typename Fn>
 bool expect_only_colibri_errors(const char* what, Fn&& fn) {
   try {
     fn();
+    note(what, true);
     return true;
-  } catch (const colibri::Error&) {
+  } catch (const colibri::Error& e) {
+    if (verbose()) std::fprintf(stderr, "  %s: rejected: %s\n", what, e.what());
     return false;
   } catch (const std::exception& e) {
     finding(what, std::string("escaped exception ") + typeid(e).name() + ": " + e.what());
