@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "kernels/cpu/kernels.h"
 #include "model/error.h"
@@ -211,5 +212,70 @@ TEST(Engine, RejectsContextBeyondTheModel) {
     ADD_FAILURE() << "accepted a context beyond max_position_embeddings";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::InvalidArgument);
+  }
+}
+
+namespace {
+// Resident set size of this process in KiB (VmRSS).
+long rss_kb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+}  // namespace
+
+// Thousands of tokens keep memory flat: buffers are sized once, a decode step
+// allocates nothing, and the expert fast tier never exceeds its budget.
+TEST(Engine, LongRunsKeepMemoryFlatAndTheCacheWithinBudget) {
+  auto file = ColibriFile::open(tiny_model());
+  auto comm = make_local_communicator();
+  EngineOptions eo;
+  eo.max_batch = 4;
+  eo.store.budget_experts = 3;  // of the 8 experts: forces evictions
+  eo.store.policy = "lru";
+  Engine engine(file, eo, *comm);
+  std::vector<Request> reqs(4);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt = {static_cast<int32_t>(10 + i), 20, 30};
+    reqs[i].max_new_tokens = 500;  // up to the tiny model's 512 positions
+    reqs[i].ignore_eos = true;
+    reqs[i].sampling = {0.8f, 0, 1.0f, 100 + i};
+  }
+  std::vector<long> samples;
+  GenerateOptions go;
+  int64_t tokens = 0;
+  go.on_token = [&](int, int, int32_t) {
+    if (++tokens % 500 == 0) samples.push_back(rss_kb());
+    return true;
+  };
+  for (int round = 0; round < 4; ++round) engine.generate(reqs, go);
+  ASSERT_EQ(tokens, 4 * 4 * 500);
+  ASSERT_GE(samples.size(), 8u);
+  // After the first round everything is warm: the rest may not grow by more
+  // than a few pages (allocator noise), whatever the number of tokens.
+  const long warm = samples[3], last = samples.back();
+  RecordProperty("rss_kb_warm", std::to_string(warm));
+  RecordProperty("rss_kb_last", std::to_string(last));
+  EXPECT_LE(last - warm, 512) << "RSS grew from " << warm << " KiB to " << last << " KiB over " << tokens << " tokens";
+  const ExpertStore& store = engine.local_worker()->store();
+  EXPECT_EQ(store.slots(), 3u);
+  EXPECT_LE(store.slots() * store.block_bytes(), 3 * file->experts().front().size);
+  EXPECT_GT(store.stats().evictions, 0u);
+  EXPECT_EQ(store.stats().misses * store.block_bytes(), store.stats().bytes_loaded);
+}
+
+TEST(Engine, ExpertBudgetBelowOneExpertIsAClearError) {
+  auto file = ColibriFile::open(tiny_model());
+  auto comm = make_local_communicator();
+  EngineOptions eo;
+  eo.store.budget_bytes = file->experts().front().size - 1;
+  try {
+    Engine engine(file, eo, *comm);
+    ADD_FAILURE() << "accepted a budget smaller than one expert";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("smaller than one expert"), std::string::npos) << e.what();
   }
 }
