@@ -47,22 +47,7 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   ASSERT_TRUE(out.good()) << "cannot write " << path;
 }
 
-// Runs `fn`, requires it to throw colibri::Error with `status` and a message
-// containing every string in `needles`.
-void expect_error(const std::function<void()>& fn, Status status, const std::vector<std::string>& needles) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_STREQ(status_name(e.status()), status_name(status)) << "message: " << e.what();
-    for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "message '" << e.what() << "' lacks '" << n << "'";
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-colibri exception: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "did not throw";
-}
+using test::expect_error;
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 

@@ -71,17 +71,7 @@ void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); 
 namespace colibri {
 namespace {
 
-template <class F>
-void expect_error(F fn, Status status, std::vector<std::string> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown (expected one mentioning '" << fragments.front() << "')";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), status) << e.what();
-    for (const auto& f : fragments)
-      EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << "'" << e.what() << "' lacks '" << f << "'";
-  }
-}
+using test::expect_error;
 
 // One access; returns the victim (-1 when none) and checks the hit flag.
 struct Step {

@@ -18,17 +18,7 @@ namespace {
 using test::TempDir;
 using Owners = std::vector<std::vector<int>>;  // one layer: [expert] -> owner list
 
-template <class F>
-void expect_error(F fn, Status status, std::vector<std::string> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown (expected one mentioning '" << fragments.front() << "')";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), status) << e.what();
-    for (const auto& f : fragments)
-      EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << "'" << e.what() << "' lacks '" << f << "'";
-  }
-}
+using test::expect_error;
 
 Owners layer_owners(const Placement& p, int layer) {
   Owners o;

@@ -35,17 +35,7 @@ std::string real_trace(const std::string& name) {
     }                                                            \
   } while (0)
 
-// Expects `fn` to throw Error(status) whose message contains every fragment.
-template <class F>
-void expect_error(F fn, Status status, std::vector<std::string> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown (expected one mentioning '" << fragments.front() << "')";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), status) << e.what();
-    for (const auto& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << "'" << e.what() << "' lacks '" << f << "'";
-  }
-}
+using test::expect_error;
 
 auto key(const RoutingRecord& r) { return std::make_tuple(r.step, r.layer, r.seq, r.pos); }
 

@@ -6,9 +6,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "model/error.h"
 
 namespace colibri::test {
 
@@ -52,6 +55,23 @@ inline std::vector<float> random_floats(std::mt19937_64& rng, size_t n, float lo
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
+}
+
+// Runs `fn` and requires it to throw colibri::Error with `status` and a message
+// containing every string in `needles`.
+inline void expect_error(const std::function<void()>& fn, Status status, const std::vector<std::string>& needles) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_STREQ(status_name(e.status()), status_name(status)) << "message: " << e.what();
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "message '" << e.what() << "' lacks '" << n << "'";
+    return;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-colibri exception: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "did not throw (expected an error mentioning '" << (needles.empty() ? "" : needles.front()) << "')";
 }
 
 }  // namespace colibri::test
