@@ -110,7 +110,7 @@ class MpiCommunicator final : public Communicator {
     }
     // NOTE: a worker waits for the coordinator's next command without a deadline:
     // it is idle between requests, and a lost coordinator ends the job anyway.
-    wait_all("a broadcast from rank " + std::to_string(root), rank_ != root ? 0.0 : timeout_s_);
+    wait_all("a broadcast from rank", rank_ != root ? 0.0 : timeout_s_, root);
   }
 
   void gather(const void* send, size_t bytes, void* recv, int root) override {
@@ -123,7 +123,7 @@ class MpiCommunicator final : public Communicator {
     } else {
       isend(send, bytes, root, kTagGather);
     }
-    wait_all("a gather to rank " + std::to_string(root));
+    wait_all("a gather to rank", timeout_s_, root);
   }
 
   void barrier() override {
@@ -166,8 +166,10 @@ class MpiCommunicator final : public Communicator {
   }
   // Polls until every request completes; sleeps a little more each idle round
   // (up to 1 ms) so waiting ranks give their core to ranks that compute.
-  void wait_all(const std::string& what) { wait_all(what, timeout_s_); }
-  void wait_all(const std::string& what, double timeout_s) {
+  // NOTE: `what` (and `root`, when >= 0) only go into the timeout message, which
+  // is built only then: the polling path allocates nothing.
+  void wait_all(const char* what) { wait_all(what, timeout_s_, -1); }
+  void wait_all(const char* what, double timeout_s, int root) {
     using clock = std::chrono::steady_clock;
     auto start = clock::now();
     bool interrupted = false;
@@ -192,7 +194,7 @@ class MpiCommunicator final : public Communicator {
           if (!flag && peers_[i] >= 0) missing += (missing.empty() ? "" : ", ") + std::to_string(peers_[i]);
         }
         throw Error(Status::Comm, "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(static_cast<int>(timeout_s)) +
-                                      " s waiting for " + what + "; no answer from rank(s) " + (missing.empty() ? "?" : missing) +
+                                      " s waiting for " + what + (root >= 0 ? " " + std::to_string(root) : std::string()) + "; no answer from rank(s) " + (missing.empty() ? "?" : missing) +
                                       " (lost or stuck)");
       }
     }

@@ -36,11 +36,14 @@ done
 # ---- tools: clang with the libFuzzer/sanitizer runtimes ------------------------
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
-command -v clang++ >/dev/null 2>&1 || missing+=(clang)
 if command -v dpkg-query >/dev/null 2>&1; then
-  ver="$(clang++ -dumpversion 2>/dev/null | cut -d. -f1 || true)"
-  [ -n "$ver" ] || ver=14
-  have_pkg "libclang-rt-$ver-dev" || missing+=("libclang-rt-$ver-dev")
+  if command -v clang++ >/dev/null 2>&1; then
+    # The runtimes must match the clang that is there (Debian 12: 14).
+    ver="$(clang++ -dumpversion | cut -d. -f1)"
+    have_pkg "libclang-rt-$ver-dev" || missing+=("libclang-rt-$ver-dev")
+  else
+    missing+=(clang libclang-rt-dev)  # the distribution's default clang and its runtimes
+  fi
   for p in cmake ninja-build pkg-config libspdlog-dev libfmt-dev nlohmann-json3-dev libxxhash-dev; do
     have_pkg "$p" || missing+=("$p")
   done

@@ -8,6 +8,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cxxabi.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -72,6 +74,14 @@ void finding(const char* what, const std::string& detail) {
   std::fprintf(stderr, "\n==colibri-fuzz== FINDING in %s: %s\n", what, detail.c_str());
   std::fflush(stderr);
   std::abort();
+}
+
+std::string type_name(const std::type_info& t) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+  std::string s = (status == 0 && d) ? d : t.name();
+  std::free(d);
+  return s;
 }
 
 bool verbose() {

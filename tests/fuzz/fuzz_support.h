@@ -39,6 +39,9 @@ class InputFile {
     if (!(cond)) ::colibri::fuzz::finding("invariant failed: " #cond, (detail)); \
   } while (0)
 
+// The readable name of an exception's type.
+std::string type_name(const std::type_info& t);
+
 // COLIBRI_FUZZ_VERBOSE=1: the targets say what each parser did with each input
 // (for checking that the seeds reach the deep paths; off while fuzzing).
 bool verbose();
@@ -56,7 +59,7 @@ bool expect_only_colibri_errors(const char* what, Fn&& fn) {
     if (verbose()) std::fprintf(stderr, "  %s: rejected: %s\n", what, e.what());
     return false;
   } catch (const std::exception& e) {
-    finding(what, std::string("escaped exception ") + typeid(e).name() + ": " + e.what());
+    finding(what, std::string("escaped exception ") + type_name(typeid(e)) + ": " + e.what());
   } catch (...) {
     finding(what, "escaped a non-std exception");
   }
