@@ -178,7 +178,13 @@ class MpiCommunicator final : public Communicator {
       int done = 0;
       COLIBRI_MPI_CHECK(rank_, MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE));
       if (done) return;
-      if (++idle > 64) std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 * (idle - 64))));
+      // Spin briefly, then yield, then sleep up to 200 us: a short wait stays fast
+      // and an oversubscribed rank still gives its core to the ranks computing.
+      ++idle;
+      if (idle > 2000)
+        std::this_thread::sleep_for(std::chrono::microseconds(std::min(200, (idle - 2000) / 4 + 5)));
+      else if (idle > 200)
+        std::this_thread::yield();
       if (!interrupted && interrupt_ && interrupt_->load() != 0) {
         // Stopping: wait at most the grace period from now on, even where the
         // wait had no deadline (an idle worker waiting for its next command).

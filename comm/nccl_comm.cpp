@@ -57,6 +57,8 @@ class NcclCommunicator final : public Communicator {
       throw Error(Status::Comm, "rank " + std::to_string(rank_) + ": broadcasting the ncclUniqueId failed");
     COLIBRI_NCCL_CHECK(rank_, dev_, ncclCommInitRank(&comm_, size_, id, rank_));
     COLIBRI_CUDA_CHECK(rank_, dev_, cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    a2a_bytes_.resize(static_cast<size_t>(size_));
+    a2a_offsets_.resize(static_cast<size_t>(size_));
   }
   ~NcclCommunicator() override {
     if (send_dev_) cudaFree(send_dev_);
@@ -102,9 +104,12 @@ class NcclCommunicator final : public Communicator {
   }
 
   void alltoall(const void* send, void* recv, size_t bytes) override {
-    std::vector<uint64_t> b(static_cast<size_t>(size_), bytes), o(static_cast<size_t>(size_));
-    for (int r = 0; r < size_; ++r) o[static_cast<size_t>(r)] = static_cast<uint64_t>(r) * bytes;
-    alltoallv(send, b.data(), o.data(), recv, b.data(), o.data());
+    // NOTE: member buffers sized at construction: no allocation per call.
+    for (int r = 0; r < size_; ++r) {
+      a2a_bytes_[static_cast<size_t>(r)] = bytes;
+      a2a_offsets_[static_cast<size_t>(r)] = static_cast<uint64_t>(r) * bytes;
+    }
+    alltoallv(send, a2a_bytes_.data(), a2a_offsets_.data(), recv, a2a_bytes_.data(), a2a_offsets_.data());
   }
 
   // Control messages are small and on the host: they travel over MPI.
@@ -164,6 +169,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;
   char *send_dev_ = nullptr, *recv_dev_ = nullptr;
   uint64_t send_cap_ = 0, recv_cap_ = 0;
+  std::vector<uint64_t> a2a_bytes_, a2a_offsets_;
 };
 
 }  // namespace

@@ -73,6 +73,13 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
   if (owned > 0)
     worker = std::make_unique<Worker>(file, *placement, comm.rank(), comm.size(), rows_cap * c.experts_per_token, opts.store);
   MoeDispatcher dispatch(c, *placement, comm, worker.get(), rows_cap);
+  {
+    // Set up: tell the coordinator (it waits without a deadline).
+    const double t = comm.timeout();
+    comm.set_timeout(0);
+    comm.barrier();
+    comm.set_timeout(t);
+  }
 
   long kill_at = -1;
   if (opts.fault.rfind("kill:", 0) == 0) kill_at = std::stol(opts.fault.substr(5));

@@ -29,12 +29,18 @@ MoeDispatcher::MoeDispatcher(const ModelConfig& cfg, const Placement& placement,
   pair_rank_.resize(static_cast<size_t>(max_rows * k_));
   rank_rows_.resize(static_cast<size_t>(world_));
   for (auto* v : {&sb_, &so_, &rb_, &ro_}) v->resize(static_cast<size_t>(world_));
+  // Buffers by role: the coordinator (rank 0) packs and combines; a rank that
+  // hosts experts receives and returns. NOTE: a rank receives at most the pairs
+  // of the coordinator's batch.
   const size_t rows = static_cast<size_t>(max_rows * k_ * hidden_);
-  send_.resize(rows);
-  back_.resize(rows);
-  // NOTE: a rank receives at most the pairs of one coordinator's batch.
-  recv_.resize(rows);
-  result_.resize(rows);
+  if (comm_.rank() == 0) {
+    send_.resize(rows);
+    back_.resize(rows);
+  }
+  if (local_) {
+    recv_.resize(rows);
+    result_.resize(rows);
+  }
 }
 
 void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32_t* experts, const float* weights,

@@ -137,6 +137,12 @@ void Engine::start_workers() {
   s.rows_cap = rows_cap_;
   s.model_checksum = file_->header().meta_checksum;
   cluster::send_setup(comm_, s);
+  // Wait (without a deadline) until every worker has built its expert store:
+  // preloading pinned experts may take long, and the first exchange is timed.
+  const double t = comm_.timeout();
+  comm_.set_timeout(0);
+  comm_.barrier();
+  comm_.set_timeout(t);
   workers_started_ = true;
 }
 

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -201,7 +202,8 @@ void read_mixtral(std::ifstream& in, json first, const std::string& path, int64_
     // File order is time order. A new step starts when the layer goes back down,
     // or stays with a row not after the previous one; positions restart at 0 in
     // every pass, so offset them by what each sequence had before.
-    std::map<int32_t, int32_t> base, width;  // problem -> positions before this step / in this step
+    // NOTE: 64-bit sums: positions near INT32_MAX must not overflow.
+    std::map<int32_t, int64_t> base, width;  // problem -> positions before this step / in this step
     int64_t step = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       auto& r = rows[i];
@@ -214,9 +216,12 @@ void read_mixtral(std::ifstream& in, json first, const std::string& path, int64_
           width.clear();
         }
       }
-      width[r.problem] = std::max(width[r.problem], r.pos + 1);
+      width[r.problem] = std::max<int64_t>(width[r.problem], int64_t{r.pos} + 1);
       r.rec.step = step;
-      r.rec.pos = base[r.problem] + r.pos;
+      const int64_t pos = base[r.problem] + r.pos;
+      if (pos > INT32_MAX)
+        throw Error(Status::Format, path + ": positions of problem " + std::to_string(r.problem) + " exceed 2^31");
+      r.rec.pos = static_cast<int32_t>(pos);
     }
   } else {
     // Grouped by problem then layer: sort into (problem, token, layer) order;

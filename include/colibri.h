@@ -34,7 +34,8 @@ typedef enum colibri_status {
 typedef struct colibri_config {
   int32_t n_threads;     /* compute threads; 0 = all cores */
   int32_t max_batch;     /* most sequences per call */
-  int32_t max_context;   /* most positions per sequence (prompt + generated); 0 = model's max */
+  int32_t max_context;   /* most positions per sequence (prompt + generated); 0 = the model's
+                            maximum, capped at 4096 */
   int32_t prefill_chunk; /* most tokens per prefill forward pass */
   int32_t log_level;     /* 0 trace .. 6 off; 3 (warn) by default */
 } colibri_config;

@@ -2,7 +2,9 @@
 // becomes a status plus a thread-local message.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -32,6 +34,9 @@ colibri_status guarded(F&& f) {
   } catch (const colibri::Error& e) {
     g_last_error = e.what();
     return static_cast<colibri_status>(e.status());
+  } catch (const std::filesystem::filesystem_error& e) {
+    g_last_error = e.what();
+    return COLIBRI_ERR_IO;
   } catch (const std::bad_alloc&) {
     g_last_error = "out of memory";
     return COLIBRI_ERR_OUT_OF_MEMORY;
@@ -99,7 +104,11 @@ colibri_status colibri_init(const char* path, const colibri_config* config, coli
     m->comm = colibri::make_local_communicator();
     colibri::EngineOptions eo;
     eo.max_batch = cfg.max_batch;
-    eo.max_context = cfg.max_context;
+    // NOTE: 0 means the model's maximum capped at 4096 positions: a long-context
+    // model would otherwise reserve its full context for every sequence.
+    eo.max_context = cfg.max_context > 0
+                         ? cfg.max_context
+                         : std::min<int64_t>(4096, m->file->config().max_position_embeddings);
     eo.prefill_chunk = cfg.prefill_chunk;
     m->engine = std::make_unique<colibri::Engine>(m->file, eo, *m->comm);
     *model = m.release();

@@ -98,7 +98,7 @@ uint64_t parse_bytes(const std::string& s) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used == 0 || v < 0) throw Error(Status::InvalidArgument, "'" + s + "' is not a byte count");
+  if (used == 0 || !std::isfinite(v) || v < 0 || v > 1e18) throw Error(Status::InvalidArgument, "'" + s + "' is not a byte count");
   std::string unit = s.substr(used);
   double mult = 1;
   if (unit == "K" || unit == "KiB") mult = 1024.0;
@@ -206,6 +206,10 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     so.decay = r["cache-decay"].as<double>();
     if (so.policy == "pinned") {
       if (!stats) throw Error(Status::InvalidArgument, "--cache-policy pinned needs --stats STATS.json");
+      if (stats->num_layers != cfg.num_layers || stats->num_experts != cfg.num_experts)
+        throw Error(Status::InvalidArgument, "--stats describes " + std::to_string(stats->num_layers) + " layers x " +
+                                                 std::to_string(stats->num_experts) + " experts, the model has " +
+                                                 std::to_string(cfg.num_layers) + " x " + std::to_string(cfg.num_experts));
       so.pinned = hottest_keys(*stats, file->experts().size());
     }
     std::string fault;
@@ -261,6 +265,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     eo.store = so;
     eo.trace = trace.get();
     Engine engine(file, eo, *comm);
+    engine.start_workers();  // now, so that even an early stop finds the workers set up
     engine.validate(reqs);  // before any work, with the model's own limits
     spdlog::info("model {}: {} layers, {} experts top-{}; {} rank(s) over {}, {} threads/rank, {} kernels", file->path(),
                  cfg.num_layers, cfg.num_experts, cfg.experts_per_token, world, comm->backend(), threads,
@@ -337,6 +342,8 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
                   (unsigned long long)comm->stats().bytes_sent, comm->stats().bytes_sent / 1024.0 / std::max<uint64_t>(1, tokens));
     }
     engine.stop_workers();
+    // Everyone is done computing: synchronise before the (possibly slow) writes.
+    if (world > 1) comm->barrier();
 
     if (go.record_logits) {
       const int64_t V = cfg.vocab_size;
@@ -349,7 +356,6 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       spdlog::info("wrote {}logits [{}, {}, {}] to {}", sig ? "partial " : "", out.size(), P, V,
                    r["dump-logits"].as<std::string>());
     }
-    if (world > 1) comm->barrier();
     comm.reset();
     if (comm_kind != "local") mpi_runtime::finalize();
     std::fflush(stdout);
@@ -361,6 +367,18 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       std::fflush(stdout);
       std::fflush(stderr);
       mpi_runtime::abort(exit_code(e.status()));
+    }
+    throw;
+  } catch (const std::bad_alloc&) {
+    if (world > 1) {
+      spdlog::error("rank {}: out of memory", rank);
+      mpi_runtime::abort(exit_code(Status::OutOfMemory));
+    }
+    throw;
+  } catch (const std::exception& e) {
+    if (world > 1) {
+      spdlog::error("rank {}: {}", rank, e.what());
+      mpi_runtime::abort(exit_code(Status::Internal));
     }
     throw;
   }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <cstring>
 #include <string>
 
@@ -24,7 +25,11 @@ bool handle_common(const cxxopts::Options& o, const cxxopts::ParseResult& r) {
     std::printf("%s\n", o.help().c_str());
     return true;
   }
-  auto lvl = spdlog::level::from_str(r["log-level"].as<std::string>());
+  const std::string name = r["log-level"].as<std::string>();
+  auto lvl = spdlog::level::from_str(name);
+  if (lvl == spdlog::level::off && name != "off")
+    throw colibri::Error(colibri::Status::InvalidArgument,
+                         "unknown --log-level '" + name + "' (trace, debug, info, warn, error, critical, off)");
   if (r.count("verbose")) lvl = spdlog::level::debug;
   spdlog::set_level(lvl);
   return false;
@@ -106,6 +111,9 @@ int main(int argc, char** argv) {
     } catch (const cxxopts::exceptions::exception& e) {
       spdlog::error("{} (see colibri {} --help)", e.what(), c.name);
       return 2;
+    } catch (const std::filesystem::filesystem_error& e) {
+      spdlog::error("{}", e.what());
+      return colibri::exit_code(colibri::Status::Io);
     } catch (const std::bad_alloc&) {
       spdlog::error("out of memory");
       return colibri::exit_code(colibri::Status::OutOfMemory);

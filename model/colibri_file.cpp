@@ -356,8 +356,12 @@ ColibriWriter::ColibriWriter(const std::string& path, const ModelConfig& config,
 
   m.fd = ::open(m.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (m.fd < 0) throw Error(Status::Io, "cannot create '" + m.tmp + "': " + std::strerror(errno));
-  if (::ftruncate(m.fd, static_cast<off_t>(h.file_size)) != 0)
-    throw Error(Status::Io, "cannot size '" + m.tmp + "' to " + std::to_string(h.file_size) + " bytes: " + std::strerror(errno));
+  if (::ftruncate(m.fd, static_cast<off_t>(h.file_size)) != 0) {
+    const int e = errno;
+    ::close(m.fd);  // NOTE: the destructor does not run for a throwing constructor
+    ::unlink(m.tmp.c_str());
+    throw Error(Status::Io, "cannot size '" + m.tmp + "' to " + std::to_string(h.file_size) + " bytes: " + std::strerror(e));
+  }
 }
 
 ColibriWriter::~ColibriWriter() {

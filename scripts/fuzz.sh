@@ -24,7 +24,8 @@ if [ $# -gt 0 ]; then
     *) seconds="$1"; shift ;;
   esac
 fi
-targets=("$@")
+targets=()
+for t in "$@"; do targets+=("fuzz_${t#fuzz_}"); done  # "safetensors" or "fuzz_safetensors"
 [ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
 for t in "${targets[@]}"; do
   case " ${all_targets[*]} " in
@@ -108,7 +109,7 @@ done
 for p in "${pids[@]}"; do wait "$p"; done
 
 failed=0
-printf '\n%-22s %12s %8s %8s %8s  %s\n' target execs exec/s cov ft result
+echo
 for t in "${targets[@]}"; do
   log="$work/$t.log"
   rc="$(cat "$work/$t.rc")"
@@ -127,7 +128,8 @@ for t in "${targets[@]}"; do
     elif grep -q 'AddressSanitizer' "$log"; then result=ADDRESS-ERROR
     else result="CRASH(rc=$rc)"; fi
   fi
-  printf '%-22s %12s %8s %8s %8s  %s\n' "$t" "${execs:-?}" "${speed:-?}" "${cov:-?}" "${ft:-?}" "$result"
+  # NOTE: one line per target, "fuzz: TARGET RESULT ...": scripts/test.sh counts the ok ones.
+  printf 'fuzz: %-20s %-8s %10s execs %7s/s  cov %5s  ft %6s\n' "$t" "$result" "${execs:-?}" "${speed:-?}" "${cov:-?}" "${ft:-?}"
   if [ "$result" != ok ]; then
     repro="$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1)"
     saved="$artifacts/$t.log"

@@ -22,12 +22,12 @@
 // ---- allocation counter (for the no-allocation-in-steady-state test) --------
 // NOTE: replaces the whole global operator new/delete family of the test binary
 // (malloc/free based, so every pair matches); it only counts while
-// g_count_allocs is set. Under AddressSanitizer (COLIBRI_SANITIZE=address) the
+// g_count_allocs is set. Under AddressSanitizer or ThreadSanitizer the
 // sanitizer's own operators stay and the allocation test is skipped.
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define COLIBRI_COUNT_ALLOCS 0
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define COLIBRI_COUNT_ALLOCS 0
 #endif
 #endif

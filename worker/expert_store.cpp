@@ -103,7 +103,10 @@ const ExpertView& ExpertStore::load(uint64_t key, const ExpertView& src) {
   std::memcpy(dst, src.block, src.size);
   // The copy is what gets used, so the checksum is checked on it (first load).
   if (!verified_[key]) {
-    if (checksum64(dst, src.size) != src.checksum) file_->verify_expert(src);  // throws with the full message
+    if (checksum64(dst, src.size) != src.checksum) {
+      free_.push_back(s);  // the slot stays usable; the error propagates
+      file_->verify_expert(src);  // throws with the full message
+    }
     verified_[key] = 1;
   }
   release_mapped_pages(src.block, src.size);  // the host tier's pages are not needed now

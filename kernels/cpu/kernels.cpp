@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace colibri::kernels {
@@ -20,12 +21,20 @@ bool cpu_has_avx2() {
 }
 
 namespace {
-const KernelTable* g_active = nullptr;
-}
+// NOTE: chosen once at start-up (static initialisation), so concurrent
+// readers never race with the lazy choice; select() changes it for tests.
+std::atomic<const KernelTable*> g_active{nullptr};
+const KernelTable* default_table() { return cpu_has_avx2() ? &avx2_table() : &generic_table(); }
+[[maybe_unused]] const bool g_init = (g_active.store(default_table()), true);
+}  // namespace
 
 const KernelTable& active() {
-  if (!g_active) g_active = cpu_has_avx2() ? &avx2_table() : &generic_table();
-  return *g_active;
+  const KernelTable* t = g_active.load(std::memory_order_acquire);
+  if (!t) {
+    t = default_table();
+    g_active.store(t);
+  }
+  return *t;
 }
 
 bool select(const char* name) {

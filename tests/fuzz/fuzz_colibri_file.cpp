@@ -135,6 +135,7 @@ uint64_t checksum_zero_extended(const std::vector<uint8_t>& data, uint64_t b, ui
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto& in = fuzz::InputFile::get();
+  const int fds = fuzz::lowest_free_fd();
   in.set(data, size);
   open_and_check(size);
 
@@ -149,5 +150,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   in.set(buf.data(), buf.size(), fsize);
   open_and_check(fsize);
+  fuzz::check_no_fd_leak(fds);
   return 0;
 }

@@ -51,6 +51,7 @@ void use_stats(const ExpertStats& s) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto& in = fuzz::InputFile::get();
+  const int fds = fuzz::lowest_free_fd();
   in.set(data, size);
   const std::string& path = in.path();
 
@@ -62,5 +63,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   ExpertStats s;
   if (expect_only_colibri_errors("load_expert_stats", [&] { s = load_expert_stats(path); })) use_stats(s);
+  fuzz::check_no_fd_leak(fds);
   return 0;
 }

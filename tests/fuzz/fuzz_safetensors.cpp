@@ -100,6 +100,7 @@ void open_file(const uint8_t* file, size_t written, uint64_t total) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto& in = fuzz::InputFile::get();
+  const int fds = fuzz::lowest_free_fd();
   in.set(data, size);
   open_file(data, size, size);
 
@@ -121,5 +122,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     in.set(file.data(), file.size(), file.size() + data_size);
     open_file(file.data(), file.size(), file.size() + data_size);
   }
+  fuzz::check_no_fd_leak(fds);
   return 0;
 }

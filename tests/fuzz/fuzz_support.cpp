@@ -3,12 +3,11 @@
 // otherwise pull the whole engine (launcher/capi.cpp) into every fuzzer.
 #include "fuzz_support.h"
 
+#include <cxxabi.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
-#include <cxxabi.h>
 
 #include <cerrno>
 #include <cstring>
@@ -55,6 +54,19 @@ InputFile::InputFile() {
   // NOTE: unlinked at exit, also when libFuzzer exits after a crash report.
   static std::string to_remove = path_;
   std::atexit([] { ::unlink(to_remove.c_str()); });
+}
+
+int lowest_free_fd() {
+  const int fd = ::fcntl(0, F_DUPFD, 0);  // -1 where 0 is closed: then never a finding
+  if (fd >= 0) ::close(fd);
+  return fd;
+}
+
+void check_no_fd_leak(int before) {
+  const int now = lowest_free_fd();
+  if (now != before)
+    finding("file descriptors", "the lowest free descriptor was " + std::to_string(before) + " before the parsers ran and is " +
+                                    std::to_string(now) + " after: one was left open");
 }
 
 void InputFile::set(const uint8_t* data, size_t size, size_t file_size) {

@@ -30,6 +30,13 @@ class InputFile {
   std::string path_;
 };
 
+// The lowest free file descriptor: taken before a parser runs and checked
+// after it (check_no_fd_leak), it shows a descriptor the parser left open.
+// NOTE: not once at start-up: libFuzzer opens pipes to llvm-symbolizer between
+// inputs when it reports new coverage.
+int lowest_free_fd();
+void check_no_fd_leak(int lowest_free_before);
+
 // Aborts with a message: libFuzzer reports it as a crash and keeps the input.
 [[noreturn]] void finding(const char* what, const std::string& detail);
 

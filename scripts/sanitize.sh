@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# Builds Colibri with sanitizers and runs the test suite under them.
+# usage: scripts/sanitize.sh [asan|tsan|all]          (default: asan)
+#
+#   asan  GCC, -fsanitize=address,undefined -fno-sanitize-recover=all, into
+#         build-asan/: every GoogleTest test, the C API test, the command-line tests,
+#         the MPI exchange tests (1-4 ranks, default transport and UCX), the lost
+#         worker and signal tests, and the cluster parity test in quick mode, with
+#         LeakSanitizer on (MPI runtime leaks suppressed by tests/sanitizers/lsan.supp).
+#   tsan  Clang with LLVM's libomp and its Archer tool, -fsanitize=thread, into
+#         build-tsan/: the same tests with 4 OpenMP threads per process.
+#   all   both, asan first.
+#
+# Installs what it needs with apt-get (as root or with sudo) when missing. Every
+# sanitizer report of every process (tests start many: colibri, mpirun ranks) goes
+# to a file under BUILD/sanitizer-logs/, so reports from processes whose exit code
+# a test does not look at are found too. Ends with a summary; exits 1 on any failed
+# test, any sanitizer report or a failed self-check, 0 when clean.
+# Environment: COLIBRI_ASAN_BUILD_DIR, COLIBRI_TSAN_BUILD_DIR (build folders),
+# COLIBRI_SANITIZE_JOBS (build and test parallelism, default nproc),
+# COLIBRI_TSAN_LLVM (the LLVM version for tsan, default 16). See docs/sanitizers.md.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mode="${1:-asan}"
+case "$mode" in
+  asan | tsan | all) ;;
+  -h | --help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *) echo "usage: scripts/sanitize.sh [asan|tsan|all]" >&2; exit 2 ;;
+esac
+jobs="${COLIBRI_SANITIZE_JOBS:-$(nproc)}"
+llvm="${COLIBRI_TSAN_LLVM:-16}"
+san_dir="$root/tests/sanitizers"
+fixtures="$root/tests/fixtures"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive
+
+# Tests never run under sanitizers (anchored ctest names):
+# - slurm.one_node: installs and starts slurmctld/slurmd; it tests the sbatch
+#   template, and the colibri runs it makes are the cluster tests' runs.
+# - cluster.parity: the full matrix (~100 mpirun jobs) is too slow here; the
+#   sanitizer stages run the same script in quick mode (23 runs) instead.
+# - Engine.LongRunsKeepMemoryFlatAndTheCacheWithinBudget: measures RSS, which a
+#   sanitizer runtime changes: ASan's quarantine holds freed blocks back (up to
+#   256 MB), so RSS grows by design (3.3 MB; and ~100 s at -O0); under TSan with 4
+#   threads its shadow and Archer's bookkeeping add ~600 KB. The other Engine tests
+#   run the same decode loop.
+SKIP_ALWAYS='slurm\.one_node|cluster\.parity|Engine\.LongRunsKeepMemoryFlatAndTheCacheWithinBudget'
+# Tests whose processes run under mpirun (MPI_Init): they run in a second ctest pass
+# with the slow unwinder (see asan_env); a new MPI test belongs in this list.
+MPI_TESTS='exchange\.(mpi|ucx)\..*|cluster\..*|signals'
+
+# ---- packages -----------------------------------------------------------------
+apt_updated=0
+ensure_packages() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "sanitize: missing ${missing[*]}; run as root" >&2; exit 1; }
+    sudo=sudo
+  fi
+  echo "sanitize: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  if [ "$apt_updated" = 0 ]; then $sudo apt-get update -qq; apt_updated=1; fi
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" || { echo "sanitize: apt-get failed" >&2; exit 1; }
+}
+
+# ---- helpers --------------------------------------------------------------------
+now() { date +%s; }
+fmt() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+summary=()
+failed=0
+
+# configure_build DIR CC CXX FLAGS SANITIZE: configures (afresh if the compiler
+# changed) and builds; returns non-zero on failure.
+configure_build() {
+  local dir="$1" cc="$2" cxx="$3" flags="$4" sanitize="$5" generator=()
+  command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+  if [ -f "$dir/CMakeCache.txt" ] && ! grep -qx "CMAKE_CXX_COMPILER:[A-Z]*=$(command -v "$cxx")" "$dir/CMakeCache.txt"; then
+    echo "sanitize: $dir was configured with another compiler; starting afresh"
+    rm -rf "$dir"
+  fi
+  cmake -S "$root" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=None \
+    -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags ${6:-}" \
+    -DCOLIBRI_SANITIZE="$sanitize" -DCOLIBRI_CUDA=OFF -DCOLIBRI_TESTS=ON >"$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log"; return 1; }
+  cmake --build "$dir" --parallel "$jobs"
+}
+
+# run_ctest LOG ARGS...: ctest with the stage's environment; appends to LOG.
+run_ctest() {
+  local log="$1"; shift
+  ctest --test-dir "$build" --output-on-failure --parallel "$jobs" --timeout 900 "$@" 2>&1 | tee -a "$log"
+  return "${PIPESTATUS[0]}"
+}
+
+# count_tests LOG: "passed/total" over all ctest passes recorded in LOG.
+count_tests() {
+  awk '/tests passed, [0-9]+ tests failed out of/ {f += $4; t += $NF} END {printf "%d/%d", t - f, t}' "$1"
+}
+
+# reports DIR: the sanitizer report files in DIR, one per line.
+reports() { find "$1" -type f 2>/dev/null | sort; }
+
+# show_reports DIR: prints the first lines of each report.
+show_reports() {
+  local f
+  for f in $(reports "$1"); do
+    echo "---- $f"
+    grep -m1 -E "ERROR: |WARNING: ThreadSanitizer|runtime error|SUMMARY" "$f" || head -3 "$f"
+    sed -n '1,40p' "$f" | grep -E '^\s+#[0-9]+ ' | head -8
+  done
+}
+
+# finish_stage NAME BUILD_SECONDS TEST_SECONDS LOG LOGDIR CTEST_RC PARITY CANARY
+finish_stage() {
+  local name="$1" bs="$2" ts="$3" log="$4" logdir="$5" crc="$6" parity="$7" canary="$8"
+  local n verdict=CLEAN
+  n=$(reports "$logdir" | wc -l)
+  [ "$crc" -ne 0 ] && verdict=FAILED
+  [ "$n" -ne 0 ] && verdict=FAILED
+  [[ "$parity" == FAIL* ]] && verdict=FAILED
+  [[ "$canary" == FAIL* ]] && verdict=FAILED
+  [ "$verdict" = FAILED ] && failed=1
+  if [ "$n" -ne 0 ]; then
+    echo "== $name: $n sanitizer report file(s):"
+    show_reports "$logdir"
+  fi
+  summary+=("$name: $verdict  build $(fmt "$bs"), tests $(fmt "$ts"); ctest $(count_tests "$log") passed; parity quick: $parity; self-check: $canary; sanitizer reports: $n (in $logdir)")
+}
+
+# ---- AddressSanitizer + UndefinedBehaviorSanitizer ---------------------------------
+# -O0 -g1: the build is most of this stage's time on 2 cores, and the sanitized
+# code at -O1 compiles ~1.6x slower for ~25% faster tests (docs/sanitizers.md); the
+# kernels keep their own -O3. -g1 gives file:line in every stack.
+ASAN_FLAGS="-O0 -g1 -fno-sanitize-recover=all"
+
+asan_env() {  # $1: the log folder; $2: "mpi" for the MPI pass
+  local unwind=""
+  # MPI ranks: Debian's MPI libraries have no frame pointers, so the default fast
+  # unwinder stops at their first frame and the lsan.supp entries (ompi_mpi_init,
+  # ...) could not match: record allocation stacks with the slow unwinder there.
+  # It costs ~0.25 s per process start, so the other tests keep the fast one.
+  [ "${2:-}" = mpi ] && unwind=":fast_unwind_on_malloc=0"
+  # intercept_tls_get_addr=0: GCC 12's LeakSanitizer guesses the size of dynamic TLS
+  # blocks from a glibc <2.25 header layout; in MPI ranks (libucs, libnuma, ... are
+  # dlopen()ed with TLS) the guess can be garbage and LSan's tracer crashes
+  # ("Tracer caught signal 11", "LeakSanitizer has encountered a fatal error"). The
+  # blocks are ordinary heap blocks reachable from the DTV, so leak checking loses
+  # nothing.
+  export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:strict_string_checks=1:intercept_tls_get_addr=0:print_suppressions=0:log_path=$1/asan$unwind"
+  export LSAN_OPTIONS="suppressions=$san_dir/lsan.supp:print_suppressions=0"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$1/ubsan"
+}
+
+# The MPI leak canary: LeakSanitizer must still report leaks of ours in an MPI
+# program while lsan.supp hides the MPI runtime's (tests/sanitizers/mpi_leak_canary.cpp).
+asan_canary() {
+  local dir="$build/canary" logs="$build/canary/logs"
+  rm -rf "$dir"; mkdir -p "$logs"
+  if ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then echo "skipped (no MPI)"; return; fi
+  OMPI_CXX=g++ mpicxx -fsanitize=address -fno-omit-frame-pointer -g -O0 "$san_dir/mpi_leak_canary.cpp" -o "$dir/mpi_leak_canary" >"$dir/build.log" 2>&1 ||
+    { echo "FAIL (does not build: $dir/build.log)"; return; }
+  (asan_env "$logs" mpi; mpirun --oversubscribe --bind-to none -np 2 "$dir/mpi_leak_canary" >"$dir/run.log" 2>&1)
+  local all
+  all=$(cat "$logs"/* 2>/dev/null)
+  if grep -q "Direct leak of 4242 byte" <<<"$all" && grep -q "in main .*mpi_leak_canary.cpp" <<<"$all" && grep -q "MPI_Comm_dup" <<<"$all" && ! grep -q "ompi_mpi_init\|event_base_loop" <<<"$all"; then
+    echo "ok (our 2 leaks reported, MPI runtime leaks suppressed)"
+  else
+    echo "FAIL (LeakSanitizer reports in $logs do not show exactly the canary's leaks)"
+  fi
+}
+
+stage_asan() {
+  build="${COLIBRI_ASAN_BUILD_DIR:-$root/build-asan}"
+  local logdir="$build/sanitizer-logs" log="$build/sanitize-ctest.log" t0 t1 t2 crc=0 parity="not run" canary
+  echo "== asan: GCC, address + undefined, into $build"
+  t0=$(now)
+  if ! configure_build "$build" gcc g++ "$ASAN_FLAGS" "address,undefined"; then
+    summary+=("asan: FAILED  the build failed"); failed=1; return
+  fi
+  t1=$(now)
+  rm -rf "$logdir" "$log"; mkdir -p "$logdir"
+  (asan_env "$logdir"; run_ctest "$log" -E "^($SKIP_ALWAYS|$MPI_TESTS)\$") || crc=1
+  if command -v mpirun >/dev/null 2>&1; then
+    (asan_env "$logdir" mpi; run_ctest "$log" -R "^($MPI_TESTS)\$" -E "^($SKIP_ALWAYS)\$") || crc=1
+    echo "== asan: cluster parity, quick mode"
+    if (asan_env "$logdir" mpi; bash "$root/tests/mpi_parity_test.sh" "$build/bin/colibri" "$fixtures" quick 2>&1 | tee "$build/sanitize-parity.log"; exit "${PIPESTATUS[0]}"); then
+      parity="ok ($(tail -1 "$build/sanitize-parity.log"))"
+    else
+      parity="FAIL ($(tail -1 "$build/sanitize-parity.log"); see $build/sanitize-parity.log)"
+    fi
+  fi
+  canary=$(asan_canary)
+  t2=$(now)
+  finish_stage asan $((t1 - t0)) $((t2 - t1)) "$log" "$logdir" "$crc" "$parity" "MPI leak canary $canary"
+}
+
+# ---- ThreadSanitizer ------------------------------------------------------------
+# Clang + LLVM's libomp: GCC's libgomp is not instrumented, so TSan cannot see its
+# barriers and reports every result written in a parallel loop and read after it.
+# libomp loads Archer (libarcher.so, OMPT), which tells TSan about OpenMP's barriers,
+# locks, tasks and reductions. -include clang_compat.h: Clang does not know the
+# "f16c" feature of __builtin_cpu_supports (kernels/cpu/kernels.cpp).
+TSAN_FLAGS="-O1 -g"
+
+tsan_env() {  # $1: the log folder
+  local lib="/usr/lib/llvm-$llvm/lib"
+  export OMP_TOOL_LIBRARIES="$lib/libarcher.so"
+  # ignore_noninstrumented_modules=1: accesses made inside libraries built without
+  # TSan (libomp's own runtime, libstdc++, Open MPI and its progress threads) are not
+  # checked; our code and the libraries' synchronisation (mutexes, Archer) are.
+  export TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:history_size=4:ignore_noninstrumented_modules=1:suppressions=$san_dir/tsan.supp:external_symbolizer_path=/usr/lib/llvm-$llvm/bin/llvm-symbolizer:log_path=$1/tsan"
+  # More threads than this machine's cores: more interleavings per parallel region.
+  export OMP_NUM_THREADS=4
+}
+
+# The OpenMP canary: a clean OpenMP program must give no report (Archer is loaded
+# and works) and a racy one must give one (TSan works) (tests/sanitizers/omp_race_canary.cpp).
+tsan_canary() {
+  local dir="$build/canary" cxx="clang++-$llvm" r
+  rm -rf "$dir"; mkdir -p "$dir/clean" "$dir/race"
+  for v in clean race; do
+    local def=""; [ "$v" = race ] && def="-DCANARY_RACE"
+    "$cxx" -fsanitize=thread -fopenmp $def $TSAN_FLAGS "$san_dir/omp_race_canary.cpp" -o "$dir/$v/canary" >"$dir/$v/build.log" 2>&1 ||
+      { echo "FAIL (does not build: $dir/$v/build.log)"; return; }
+    (tsan_env "$dir/$v"; "$dir/$v/canary" >"$dir/$v/run.log" 2>&1)
+  done
+  r=$(cat "$dir"/race/tsan.* 2>/dev/null)
+  if ! ls "$dir"/clean/tsan.* >/dev/null 2>&1 && grep -q "data race" <<<"$r" && grep -q "omp_race_canary.cpp" <<<"$r"; then
+    echo "ok (clean OpenMP loop: no report; racy loop: data race reported)"
+  else
+    echo "FAIL (clean: $(ls "$dir"/clean/tsan.* 2>/dev/null | wc -l) report(s), want 0; racy: $(grep -c 'data race' <<<"$r") race(s), want >0; see $dir)"
+  fi
+}
+
+stage_tsan() {
+  build="${COLIBRI_TSAN_BUILD_DIR:-$root/build-tsan}"
+  local logdir="$build/sanitizer-logs" log="$build/sanitize-ctest.log" t0 t1 t2 crc=0 parity="not run" canary
+  echo "== tsan: clang-$llvm + libomp + Archer, thread, into $build"
+  ensure_packages "clang-$llvm" "libclang-rt-$llvm-dev" "libomp-$llvm-dev" "llvm-$llvm"
+  t0=$(now)
+  if ! configure_build "$build" "clang-$llvm" "clang++-$llvm" "$TSAN_FLAGS" thread "-include $san_dir/clang_compat.h"; then
+    summary+=("tsan: FAILED  the build failed"); failed=1; return
+  fi
+  t1=$(now)
+  rm -rf "$logdir" "$log"; mkdir -p "$logdir"
+  (tsan_env "$logdir"; run_ctest "$log" -E "^($SKIP_ALWAYS)\$") || crc=1
+  if command -v mpirun >/dev/null 2>&1; then
+    echo "== tsan: cluster parity, quick mode"
+    if (tsan_env "$logdir"; bash "$root/tests/mpi_parity_test.sh" "$build/bin/colibri" "$fixtures" quick 2>&1 | tee "$build/sanitize-parity.log"; exit "${PIPESTATUS[0]}"); then
+      parity="ok ($(tail -1 "$build/sanitize-parity.log"))"
+    else
+      parity="FAIL ($(tail -1 "$build/sanitize-parity.log"); see $build/sanitize-parity.log)"
+    fi
+  fi
+  canary=$(tsan_canary)
+  t2=$(now)
+  finish_stage tsan $((t1 - t0)) $((t2 - t1)) "$log" "$logdir" "$crc" "$parity" "OpenMP canary $canary"
+}
+
+# ---- main -------------------------------------------------------------------------
+start=$(now)
+bash "$root/scripts/setup.sh" || exit 1
+case "$mode" in
+  asan) stage_asan ;;
+  tsan) stage_tsan ;;
+  all) stage_asan; stage_tsan ;;
+esac
+echo
+echo "== sanitize.sh $mode: summary ($(fmt $(($(now) - start))) in all)"
+for s in "${summary[@]}"; do echo "   $s"; done
+if [ "$failed" -ne 0 ]; then
+  echo "== FAILED: a test failed or a sanitizer reported (reports above and in the sanitizer-logs folders)"
+  exit 1
+fi
+echo "== CLEAN: no sanitizer reports, every test passed"
