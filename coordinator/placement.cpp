@@ -20,6 +20,14 @@ namespace colibri {
 using nlohmann::json;
 
 namespace {
+// A value for an error message: primitives as JSON, structures by type (dump()
+// recurses, and a deeply nested value would overflow the stack).
+[[maybe_unused]] std::string show(const nlohmann::json& v) {
+  return v.is_structured() ? std::string(v.type_name()) : v.dump();
+}
+}  // namespace
+
+namespace {
 
 constexpr int64_t kMaxWorld = 1 << 20;
 constexpr int64_t kMaxLayers = 1 << 16;
@@ -124,21 +132,21 @@ Placement Placement::from_json(const std::string& text, const std::string& sourc
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw Error(Status::Format, source + ": malformed JSON: " + e.what());
   }
   if (!j.is_object()) fail("not a JSON object");
   auto f = j.find("format");
   if (f == j.end() || !f->is_string() || f->get<std::string>() != "colibri-placement")
-    fail("\"format\" is not \"colibri-placement\"" + (f == j.end() ? std::string(" (missing)") : " (found " + f->dump() + ")"));
+    fail("\"format\" is not \"colibri-placement\"" + (f == j.end() ? std::string(" (missing)") : " (found " + show(*f) + ")"));
   auto v = j.find("version");
   if (v == j.end() || !v->is_number_integer() || v->get<int64_t>() != 1)
-    fail("unsupported version " + (v == j.end() ? std::string("(missing)") : v->dump()) + " (this build reads 1)");
+    fail("unsupported version " + (v == j.end() ? std::string("(missing)") : show(*v)) + " (this build reads 1)");
   auto dim = [&](const char* key, int64_t hi) -> int {
     auto it = j.find(key);
     if (it == j.end()) fail(std::string("missing \"") + key + "\"");
     if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > hi)
-      fail(std::string("\"") + key + "\" must be an integer in [1, " + std::to_string(hi) + "], found " + it->dump());
+      fail(std::string("\"") + key + "\" must be an integer in [1, " + std::to_string(hi) + "], found " + show(*it));
     return static_cast<int>(it->get<int64_t>());
   };
   const int world = dim("world_size", kMaxWorld);
@@ -158,18 +166,21 @@ Placement Placement::from_json(const std::string& text, const std::string& sourc
   if (layers == j.end() || !layers->is_array()) fail("\"layers\" must be an array (one entry per layer)");
   if (layers->size() != static_cast<size_t>(L))
     fail("\"layers\" has " + std::to_string(layers->size()) + " entries, num_layers is " + std::to_string(L));
-  std::vector<std::vector<int>> owners(static_cast<size_t>(L) * E);
   for (int l = 0; l < L; ++l) {
     const auto& layer = (*layers)[l];
     if (!layer.is_array() || layer.size() != static_cast<size_t>(E))
       fail("layer " + std::to_string(l) + " must list the owners of " + std::to_string(E) + " experts (num_experts)" +
            (layer.is_array() ? ", found " + std::to_string(layer.size()) : ""));
+  }
+  std::vector<std::vector<int>> owners(static_cast<size_t>(L) * E);
+  for (int l = 0; l < L; ++l) {
+    const auto& layer = (*layers)[l];
     for (int e = 0; e < E; ++e) {
       const auto& o = layer[e];
-      if (!o.is_array()) fail(at(l, e) + ": owners must be an array of ranks, found " + o.dump());
+      if (!o.is_array()) fail(at(l, e) + ": owners must be an array of ranks, found " + show(o));
       auto& dst = owners[static_cast<size_t>(l) * E + e];
       for (const auto& r : o) {
-        if (!r.is_number_integer()) fail(at(l, e) + ": owner " + r.dump() + " is not an integer rank");
+        if (!r.is_number_integer()) fail(at(l, e) + ": owner " + show(r) + " is not an integer rank");
         // NOTE: checked here, before narrowing to int; validate() checks the rest.
         const int64_t rv = r.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(r.get<uint64_t>(), INT64_MAX))
                                                   : r.get<int64_t>();

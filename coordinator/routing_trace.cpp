@@ -5,7 +5,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <climits>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -27,6 +26,14 @@ namespace colibri {
 using nlohmann::json;
 
 namespace {
+// A value for an error message: primitives as JSON, structures by type (dump()
+// recurses, and a deeply nested value would overflow the stack).
+[[maybe_unused]] std::string show(const nlohmann::json& v) {
+  return v.is_structured() ? std::string(v.type_name()) : v.dump();
+}
+}  // namespace
+
+namespace {
 
 // NOTE: bounds on ids read from files, so a corrupt value cannot make
 // aggregate_stats allocate a huge matrix.
@@ -43,12 +50,12 @@ std::string where(const std::string& path, int64_t line) { return path + ":" + s
 int64_t get_int(const json& j, const char* key, int64_t lo, int64_t hi, const std::string& path, int64_t line) {
   auto it = j.find(key);
   if (it == j.end()) bad(path, line, std::string("missing \"") + key + "\"");
-  if (!it->is_number_integer()) bad(path, line, std::string("\"") + key + "\" is not an integer: " + it->dump());
+  if (!it->is_number_integer()) bad(path, line, std::string("\"") + key + "\" is not an integer: " + show(*it));
   int64_t v = 0;
   if (it->is_number_unsigned()) {
     uint64_t u = it->get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      bad(path, line, std::string("\"") + key + "\" is out of range: " + it->dump());
+      bad(path, line, std::string("\"") + key + "\" is out of range: " + show(*it));
     v = static_cast<int64_t>(u);
   } else {
     v = it->get<int64_t>();
@@ -74,7 +81,7 @@ void get_row(const json& j, const char* ekey, const char* wkey, int64_t max_expe
   r.experts.clear();
   r.weights.clear();
   for (const auto& e : *ei) {
-    if (!e.is_number_integer()) bad(path, line, std::string("\"") + ekey + "\" holds a non-integer: " + e.dump());
+    if (!e.is_number_integer()) bad(path, line, std::string("\"") + ekey + "\" holds a non-integer: " + show(e));
     int64_t v = e.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(e.get<uint64_t>(), INT64_MAX))
                                        : e.get<int64_t>();
     if (v < 0 || v >= max_expert)
@@ -84,7 +91,7 @@ void get_row(const json& j, const char* ekey, const char* wkey, int64_t max_expe
     r.experts.push_back(static_cast<int32_t>(v));
   }
   for (const auto& w : *wi) {
-    if (!w.is_number()) bad(path, line, std::string("\"") + wkey + "\" holds a non-number: " + w.dump());
+    if (!w.is_number()) bad(path, line, std::string("\"") + wkey + "\" holds a non-number: " + show(w));
     double v = w.get<double>();
     if (!std::isfinite(v)) bad(path, line, std::string("\"") + wkey + "\" holds a non-finite number");
     r.weights.push_back(static_cast<float>(v));
@@ -96,7 +103,7 @@ json parse_line(const std::string& text, const std::string& path, int64_t line) 
     json j = json::parse(text);
     if (!j.is_object()) bad(path, line, "not a JSON object");
     return j;
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     // NOTE: nlohmann's message says "line 1, column N" of this one line; keep the column.
     std::string m = e.what();
     auto p = m.find("column");
@@ -115,7 +122,7 @@ struct Keyed {
 void read_colibri(std::ifstream& in, const json& header, const std::string& path, int64_t& line, RoutingTrace& t) {
   auto it = header.find("version");
   if (it == header.end() || !it->is_number_integer() || it->get<int64_t>() != 1)
-    bad(path, line, "unsupported colibri-routing version " + (it == header.end() ? std::string("(missing)") : it->dump()) +
+    bad(path, line, "unsupported colibri-routing version " + (it == header.end() ? std::string("(missing)") : show(*it)) +
                         " (this build reads version 1)");
   t.num_layers = static_cast<int32_t>(get_int(header, "num_layers", 1, kMaxLayers, path, line));
   t.num_experts = static_cast<int32_t>(get_int(header, "num_experts", 1, kMaxExperts, path, line));
@@ -202,8 +209,7 @@ void read_mixtral(std::ifstream& in, json first, const std::string& path, int64_
     // File order is time order. A new step starts when the layer goes back down,
     // or stays with a row not after the previous one; positions restart at 0 in
     // every pass, so offset them by what each sequence had before.
-    // NOTE: 64-bit sums: positions near INT32_MAX must not overflow.
-    std::map<int32_t, int64_t> base, width;  // problem -> positions before this step / in this step
+    std::map<int32_t, int32_t> base, width;  // problem -> positions before this step / in this step
     int64_t step = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       auto& r = rows[i];
@@ -216,12 +222,9 @@ void read_mixtral(std::ifstream& in, json first, const std::string& path, int64_
           width.clear();
         }
       }
-      width[r.problem] = std::max<int64_t>(width[r.problem], int64_t{r.pos} + 1);
+      width[r.problem] = std::max(width[r.problem], r.pos + 1);
       r.rec.step = step;
-      const int64_t pos = base[r.problem] + r.pos;
-      if (pos > INT32_MAX)
-        throw Error(Status::Format, path + ": positions of problem " + std::to_string(r.problem) + " exceed 2^31");
-      r.rec.pos = static_cast<int32_t>(pos);
+      r.rec.pos = base[r.problem] + r.pos;
     }
   } else {
     // Grouped by problem then layer: sort into (problem, token, layer) order;
@@ -427,7 +430,7 @@ RoutingTrace read_routing_trace(const std::string& path) {
   json first = parse_line(text, path, line);
   if (auto f = first.find("format"); f != first.end()) {
     if (!f->is_string() || f->get<std::string>() != "colibri-routing")
-      bad(path, line, "unknown trace format " + f->dump() + " (expected \"colibri-routing\")");
+      bad(path, line, "unknown trace format " + show(*f) + " (expected \"colibri-routing\")");
     read_colibri(in, first, path, line, t);
   } else if (first.contains("problem_id") && first.contains("layer") && first.contains("experts")) {
     read_mixtral(in, std::move(first), path, line, t);
@@ -452,7 +455,7 @@ ExpertStats aggregate_stats(const RoutingTrace& trace) {
     if (L <= 0) L = ml + 1;
     if (E <= 0) E = me + 1;
   }
-  if (L <= 0 || E <= 0 || L > kMaxLayers || E > kMaxExperts)
+  if (L <= 0 || E <= 0 || L > kMaxLayers || E > kMaxExperts || static_cast<int64_t>(L) * E > (int64_t(1) << 24))
     throw Error(Status::InvalidArgument, "routing trace '" + trace.source + "' holds no routing (or absurd dimensions)");
   ExpertStats s;
   s.source = trace.source;
@@ -510,22 +513,22 @@ ExpertStats load_expert_stats(const std::string& path) {
   json j;
   try {
     j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw Error(Status::Format, what + "malformed JSON: " + e.what());
   }
   auto fail = [&](const std::string& m) -> void { throw Error(Status::Format, what + m); };
   if (!j.is_object()) fail("not a JSON object");
   auto f = j.find("format");
   if (f == j.end() || !f->is_string() || f->get<std::string>() != "colibri-expert-stats")
-    fail("\"format\" is not \"colibri-expert-stats\"" + (f == j.end() ? std::string() : " (found " + f->dump() + ")"));
+    fail("\"format\" is not \"colibri-expert-stats\"" + (f == j.end() ? std::string() : " (found " + show(*f) + ")"));
   auto v = j.find("version");
   if (v == j.end() || !v->is_number_integer() || v->get<int64_t>() != 1)
-    fail("unsupported version " + (v == j.end() ? std::string("(missing)") : v->dump()) + " (this build reads 1)");
+    fail("unsupported version " + (v == j.end() ? std::string("(missing)") : show(*v)) + " (this build reads 1)");
   auto dim = [&](const char* key, int64_t hi) -> int32_t {
     auto it = j.find(key);
     if (it == j.end()) fail(std::string("missing \"") + key + "\"");
     if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > hi)
-      fail(std::string("\"") + key + "\" must be an integer in [1, " + std::to_string(hi) + "], found " + it->dump());
+      fail(std::string("\"") + key + "\" must be an integer in [1, " + std::to_string(hi) + "], found " + show(*it));
     return static_cast<int32_t>(it->get<int64_t>());
   };
   ExpertStats s;
@@ -537,23 +540,26 @@ ExpertStats load_expert_stats(const std::string& path) {
   }
   auto t = j.find("tokens");
   if (t == j.end() || !t->is_number_unsigned())
-    fail("\"tokens\" must be a non-negative integer" + (t == j.end() ? std::string(" (missing)") : ", found " + t->dump()));
+    fail("\"tokens\" must be a non-negative integer" + (t == j.end() ? std::string(" (missing)") : ", found " + show(*t)));
   s.tokens = t->get<uint64_t>();
   auto load = j.find("load");
   if (load == j.end() || !load->is_array()) fail("\"load\" must be an array of num_layers arrays");
   if (load->size() != static_cast<size_t>(s.num_layers))
     fail("\"load\" has " + std::to_string(load->size()) + " layers, num_layers is " + std::to_string(s.num_layers));
-  s.load.assign(s.num_layers, std::vector<uint64_t>(s.num_experts, 0));
   for (int32_t l = 0; l < s.num_layers; ++l) {
     const auto& row = (*load)[l];
     if (!row.is_array() || row.size() != static_cast<size_t>(s.num_experts))
       fail("load of layer " + std::to_string(l) + " must be an array of " + std::to_string(s.num_experts) +
            " counts (num_experts)");
+  }
+  s.load.assign(s.num_layers, std::vector<uint64_t>(s.num_experts, 0));
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    const auto& row = (*load)[l];
     for (int32_t e = 0; e < s.num_experts; ++e) {
       // NOTE: nlohmann stores non-negative integers as unsigned; -1 and 2.5 are not.
       if (!row[e].is_number_unsigned())
         fail("load of layer " + std::to_string(l) + ", expert " + std::to_string(e) +
-             " is not a non-negative integer: " + row[e].dump());
+             " is not a non-negative integer: " + show(row[e]));
       s.load[l][e] = row[e].get<uint64_t>();
     }
   }

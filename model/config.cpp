@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 #include "model/error.h"
 
@@ -23,25 +25,33 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// NOTE: nlohmann converts a float to an integer with a plain cast (undefined
+// behaviour out of range, silent truncation otherwise): integers must be integers.
 template <typename T>
-T get_required(const json& j, const char* key, const char* what) {
-  if (!j.contains(key) || j[key].is_null())
-    throw Error(Status::Format, std::string(what) + ": missing required field '" + key + "'");
+T get_value(const json& v, const char* key, const char* what) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<T>::max())))
+      throw Error(Status::Format, std::string(what) + ": field '" + key + "' is not an integer in range: " +
+                                  (v.is_structured() ? std::string(v.type_name()) : v.dump()));
+  }
   try {
-    return j[key].get<T>();
+    return v.get<T>();
   } catch (const json::exception& e) {
     throw Error(Status::Format, std::string(what) + ": field '" + key + "' has the wrong type (" + e.what() + ")");
   }
 }
 
 template <typename T>
+T get_required(const json& j, const char* key, const char* what) {
+  if (!j.contains(key) || j[key].is_null())
+    throw Error(Status::Format, std::string(what) + ": missing required field '" + key + "'");
+  return get_value<T>(j[key], key, what);
+}
+
+template <typename T>
 T get_or(const json& j, const char* key, T fallback, const char* what) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
-  try {
-    return j[key].get<T>();
-  } catch (const json::exception& e) {
-    throw Error(Status::Format, std::string(what) + ": field '" + key + "' has the wrong type (" + e.what() + ")");
-  }
+  return get_value<T>(j[key], key, what);
 }
 
 // eos_token_id may be an int or a list of ints in HF configs; take the first.

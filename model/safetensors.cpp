@@ -96,11 +96,12 @@ std::vector<SafeTensor> SafetensorsFile::parse_header(const std::string& header,
     if (!esize) fail(where + " has unknown dtype '" + st.dtype_name + "'");
     // NOTE: the element count is computed with overflow checks; a hostile
     // header can claim any shape.
-    uint64_t numel = 1;
+    uint64_t numel = 1, nonzero = 1;
     for (const auto& d : t["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(where + " has a negative or non-integer dimension");
       uint64_t v = d.get<uint64_t>();
-      if (v != 0 && numel > std::numeric_limits<uint64_t>::max() / v / *esize) fail(where + " has an absurd shape");
+      if (v != 0 && nonzero > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / v / *esize) fail(where + " has an absurd shape");
+      if (v != 0) nonzero *= v;
       numel *= v;
       st.shape.push_back(static_cast<int64_t>(v));
     }

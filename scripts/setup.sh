@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential g++ cmake ninja-build pkg-config git
   libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libxxhash-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  libomp-dev
+  libomp-dev clang libclang-rt-14-dev
   openmpi-bin libopenmpi-dev libucx-dev ucx-utils
   python3
 )
