@@ -2,7 +2,8 @@
 # Builds Colibri with sanitizers and runs the test suite under them.
 # usage: scripts/sanitize.sh [asan|tsan|all]          (default: asan)
 #
-#   asan  GCC, -fsanitize=address,undefined -fno-sanitize-recover=all, into
+#   asan  GCC, -fsanitize=address,undefined,float-cast-overflow
+#         -fno-sanitize-recover=all -D_GLIBCXX_ASSERTIONS, into
 #         build-asan/: every GoogleTest test, the C API test, the command-line tests,
 #         the MPI exchange tests (1-4 ranks, default transport and UCX), the lost
 #         worker and signal tests, and the cluster parity test in quick mode, with
@@ -18,7 +19,7 @@
 # test, any sanitizer report or a failed self-check, 0 when clean.
 # Environment: COLIBRI_ASAN_BUILD_DIR, COLIBRI_TSAN_BUILD_DIR (build folders),
 # COLIBRI_SANITIZE_JOBS (build and test parallelism, default nproc),
-# COLIBRI_TSAN_LLVM (the LLVM version for tsan, default 16). See docs/sanitizers.md.
+# COLIBRI_TSAN_LLVM (the LLVM version for tsan, default 14). See docs/sanitizers.md.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mode="${1:-asan}"
@@ -28,7 +29,7 @@ case "$mode" in
   *) echo "usage: scripts/sanitize.sh [asan|tsan|all]" >&2; exit 2 ;;
 esac
 jobs="${COLIBRI_SANITIZE_JOBS:-$(nproc)}"
-llvm="${COLIBRI_TSAN_LLVM:-16}"
+llvm="${COLIBRI_TSAN_LLVM:-14}"
 san_dir="$root/tests/sanitizers"
 fixtures="$root/tests/fixtures"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive
@@ -118,25 +119,34 @@ show_reports() {
 # finish_stage NAME BUILD_SECONDS TEST_SECONDS LOG LOGDIR CTEST_RC PARITY CANARY
 finish_stage() {
   local name="$1" bs="$2" ts="$3" log="$4" logdir="$5" crc="$6" parity="$7" canary="$8"
-  local n verdict=CLEAN
+  local n ub verdict=CLEAN
   n=$(reports "$logdir" | wc -l)
+  ub=$(grep -c "runtime error:" "$log" "$build/sanitize-parity.log" 2>/dev/null | awk -F: '{s += $NF} END {print s + 0}')
+  n=$((n + ub))
   [ "$crc" -ne 0 ] && verdict=FAILED
   [ "$n" -ne 0 ] && verdict=FAILED
   [[ "$parity" == FAIL* ]] && verdict=FAILED
   [[ "$canary" == FAIL* ]] && verdict=FAILED
   [ "$verdict" = FAILED ] && failed=1
   if [ "$n" -ne 0 ]; then
-    echo "== $name: $n sanitizer report file(s):"
+    echo "== $name: $n sanitizer report(s):"
     show_reports "$logdir"
+    [ "$ub" -ne 0 ] && grep -h -A6 "runtime error:" "$log" "$build/sanitize-parity.log" 2>/dev/null | head -40
   fi
   summary+=("$name: $verdict  build $(fmt "$bs"), tests $(fmt "$ts"); ctest $(count_tests "$log") passed; parity quick: $parity; self-check: $canary; sanitizer reports: $n (in $logdir)")
 }
 
 # ---- AddressSanitizer + UndefinedBehaviorSanitizer ---------------------------------
-# -O0 -g1: the build is most of this stage's time on 2 cores, and the sanitized
-# code at -O1 compiles ~1.6x slower for ~25% faster tests (docs/sanitizers.md); the
-# kernels keep their own -O3. -g1 gives file:line in every stack.
-ASAN_FLAGS="-O0 -g1 -fno-sanitize-recover=all"
+# -O0 -g1: the build is most of this stage's time on 2 cores, and at -O1 the
+# sanitized code compiles ~1.6x slower for ~25% faster tests (docs/sanitizers.md);
+# the kernels keep their own -O3. -g1 gives file:line in every stack.
+# -fsanitize=float-cast-overflow: not part of GCC's "undefined"; catches a NaN or
+# out-of-range float converted to an integer (token ids, sizes, counts).
+# -D_GLIBCXX_ASSERTIONS: bounds checks in std::vector/string/array operator[] etc.,
+# which catch an index past size() but within capacity(), where ASan sees nothing.
+# (Not -D_GLIBCXX_SANITIZE_VECTOR: the prebuilt libgtest.a shares std::vector<int>
+# code without the annotations, which gives false container-overflow reports.)
+ASAN_FLAGS="-O0 -g1 -fno-sanitize-recover=all -fsanitize=float-cast-overflow -D_GLIBCXX_ASSERTIONS"
 
 asan_env() {  # $1: the log folder; $2: "mpi" for the MPI pass
   local unwind=""
@@ -153,7 +163,11 @@ asan_env() {  # $1: the log folder; $2: "mpi" for the MPI pass
   # nothing.
   export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:strict_string_checks=1:intercept_tls_get_addr=0:print_suppressions=0:log_path=$1/asan$unwind"
   export LSAN_OPTIONS="suppressions=$san_dir/lsan.supp:print_suppressions=0"
-  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$1/ubsan"
+  # UndefinedBehaviorSanitizer: GCC's libubsan next to libasan ignores log_path and
+  # writes to stderr; abort_on_error=1 makes the first report kill the process with
+  # SIGABRT (exit 134), which no test takes for an expected exit status, and the
+  # stage also counts "runtime error:" lines in the ctest output.
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:abort_on_error=1:report_error_type=1"
 }
 
 # The MPI leak canary: LeakSanitizer must still report leaks of ours in an MPI
@@ -202,11 +216,12 @@ stage_asan() {
 # ---- ThreadSanitizer ------------------------------------------------------------
 # Clang + LLVM's libomp: GCC's libgomp is not instrumented, so TSan cannot see its
 # barriers and reports every result written in a parallel loop and read after it.
-# libomp loads Archer (libarcher.so, OMPT), which tells TSan about OpenMP's barriers,
-# locks, tasks and reductions. -include clang_compat.h: Clang does not know the
-# "f16c" feature of __builtin_cpu_supports (kernels/cpu/kernels.cpp).
-TSAN_FLAGS="-O1 -g"
-
+# libomp loads Archer (libarcher.so, an OMPT tool), which tells TSan about OpenMP's
+# barriers, locks, tasks and reductions. LLVM 14: its libomp and Archer are the
+# libomp-dev that scripts/setup.sh installs (libomp-16-dev would replace it).
+# -include clang_compat.h and -mf16c: two spellings Clang 14 rejects (the "f16c"
+# feature of __builtin_cpu_supports, _Float16); see that file.
+TSAN_FLAGS="-O1 -g -mf16c"
 tsan_env() {  # $1: the log folder
   local lib="/usr/lib/llvm-$llvm/lib"
   export OMP_TOOL_LIBRARIES="$lib/libarcher.so"
@@ -240,8 +255,9 @@ tsan_canary() {
 stage_tsan() {
   build="${COLIBRI_TSAN_BUILD_DIR:-$root/build-tsan}"
   local logdir="$build/sanitizer-logs" log="$build/sanitize-ctest.log" t0 t1 t2 crc=0 parity="not run" canary
-  echo "== tsan: clang-$llvm + libomp + Archer, thread, into $build"
+  echo "== tsan: clang-$llvm, libomp + Archer, thread, into $build"
   ensure_packages "clang-$llvm" "libclang-rt-$llvm-dev" "libomp-$llvm-dev" "llvm-$llvm"
+  [ -f "/usr/lib/llvm-$llvm/lib/libarcher.so" ] || { summary+=("tsan: FAILED  no /usr/lib/llvm-$llvm/lib/libarcher.so"); failed=1; return; }
   t0=$(now)
   if ! configure_build "$build" "clang-$llvm" "clang++-$llvm" "$TSAN_FLAGS" thread "-include $san_dir/clang_compat.h"; then
     summary+=("tsan: FAILED  the build failed"); failed=1; return

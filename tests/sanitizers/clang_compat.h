@@ -1,11 +1,15 @@
 // clang_compat.h: force-included (-include) into the C++ sources of the
-// ThreadSanitizer build, which uses Clang (see scripts/sanitize.sh).
-// NOTE: Clang (16 included) rejects __builtin_cpu_supports("f16c") ("invalid cpu
-// feature string for builtin"), which kernels/cpu/kernels.cpp uses to choose the
-// AVX2 kernels. This maps the builtin to one that answers "f16c" from CPUID (leaf
-// 1, ECX bit 29; F16C needs the OS-enabled AVX state, which
-// __builtin_cpu_supports("avx") checks) and passes other features to the real
-// builtin. The GCC builds do not use this file.
+// ThreadSanitizer build, which uses Clang 14 (see scripts/sanitize.sh); the GCC
+// builds do not use it. It changes no behaviour, only two spellings Clang rejects:
+//
+// - __builtin_cpu_supports("f16c") (kernels/cpu/kernels.cpp): "invalid cpu feature
+//   string for builtin" in Clang (16 too). Mapped to a function that answers "f16c"
+//   from CPUID (leaf 1, ECX bit 29; F16C also needs the OS-enabled AVX state, which
+//   __builtin_cpu_supports("avx") checks) and passes other features to the builtin.
+// - _Float16 (model/dtype.h): Clang < 15 has no _Float16 on x86-64. __fp16 is the
+//   same IEEE binary16 storage type; the code only converts it to and from float,
+//   exactly (RNE) either way, and the build adds -mf16c so no library helper is needed.
+//   (tests/fuzz/compat/model/dtype.h does the same for the fuzzers.)
 #pragma once
 #if defined(__clang__) && defined(__cplusplus) && (defined(__x86_64__) || defined(__i386__))
 #include <cpuid.h>
@@ -23,4 +27,8 @@ static inline int colibri_compat_cpu_supports(const char* feature) {
   return 0;
 }
 #define __builtin_cpu_supports(feature) colibri_compat_cpu_supports(feature)
+
+#if __clang_major__ < 15
+#define _Float16 __fp16
+#endif
 #endif
