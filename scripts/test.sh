@@ -32,7 +32,7 @@ trap 'rm -f "$log"' EXIT
 # Tests counted over all stages: CTest's own count, each sanitizer stage's, and
 # one per fuzz target.
 passed=0
-count_ctest() { sed -nE 's/.*tests passed, 0 tests failed out of ([0-9]+).*/\1/p' "$log" | tail -1; }
+count_ctest() { sed -nE 's/.*tests passed, 0 tests failed out of ([0-9]+).*/\1/p' "$log" | awk '{s += $1} END {print s + 0}'; }
 
 start=$(date +%s)
 ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" --timeout 900 "${ctest_args[@]}" 2>&1 | tee "$log"
