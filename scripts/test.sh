@@ -45,7 +45,7 @@ if [ "$quick" -eq 0 ]; then
   echo "test.sh: sanitizer stage ($sanitize) passed in $(( $(date +%s) - start )) s"
   if [ "$fuzz_seconds" -gt 0 ]; then
     start=$(date +%s)
-    bash "$root/scripts/fuzz.sh" "$fuzz_seconds" 2>&1 | tee "$log"
+    COLIBRI_FUZZ_JOBS="${COLIBRI_FUZZ_JOBS:-$(nproc)}" bash "$root/scripts/fuzz.sh" "$fuzz_seconds" 2>&1 | tee "$log"
     passed=$((passed + $(grep -c '^fuzz: .* ok' "$log" || true)))
     echo "test.sh: fuzzing passed in $(( $(date +%s) - start )) s"
   fi
