@@ -14,18 +14,12 @@
 
 #include "coordinator/routing_trace.h"
 #include "model/error.h"
+#include "model/json_util.h"
 
 namespace colibri {
 
 using nlohmann::json;
 
-namespace {
-// A value for an error message: primitives as JSON, structures by type (dump()
-// recurses, and a deeply nested value would overflow the stack).
-[[maybe_unused]] std::string show(const nlohmann::json& v) {
-  return v.is_structured() ? std::string(v.type_name()) : v.dump();
-}
-}  // namespace
 
 namespace {
 
@@ -138,15 +132,15 @@ Placement Placement::from_json(const std::string& text, const std::string& sourc
   if (!j.is_object()) fail("not a JSON object");
   auto f = j.find("format");
   if (f == j.end() || !f->is_string() || f->get<std::string>() != "colibri-placement")
-    fail("\"format\" is not \"colibri-placement\"" + (f == j.end() ? std::string(" (missing)") : " (found " + show(*f) + ")"));
+    fail("\"format\" is not \"colibri-placement\"" + (f == j.end() ? std::string(" (missing)") : " (found " + json_show(*f) + ")"));
   auto v = j.find("version");
   if (v == j.end() || !v->is_number_integer() || v->get<int64_t>() != 1)
-    fail("unsupported version " + (v == j.end() ? std::string("(missing)") : show(*v)) + " (this build reads 1)");
+    fail("unsupported version " + (v == j.end() ? std::string("(missing)") : json_show(*v)) + " (this build reads 1)");
   auto dim = [&](const char* key, int64_t hi) -> int {
     auto it = j.find(key);
     if (it == j.end()) fail(std::string("missing \"") + key + "\"");
     if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > hi)
-      fail(std::string("\"") + key + "\" must be an integer in [1, " + std::to_string(hi) + "], found " + show(*it));
+      fail(std::string("\"") + key + "\" must be an integer in [1, " + std::to_string(hi) + "], found " + json_show(*it));
     return static_cast<int>(it->get<int64_t>());
   };
   const int world = dim("world_size", kMaxWorld);
@@ -177,10 +171,10 @@ Placement Placement::from_json(const std::string& text, const std::string& sourc
     const auto& layer = (*layers)[l];
     for (int e = 0; e < E; ++e) {
       const auto& o = layer[e];
-      if (!o.is_array()) fail(at(l, e) + ": owners must be an array of ranks, found " + show(o));
+      if (!o.is_array()) fail(at(l, e) + ": owners must be an array of ranks, found " + json_show(o));
       auto& dst = owners[static_cast<size_t>(l) * E + e];
       for (const auto& r : o) {
-        if (!r.is_number_integer()) fail(at(l, e) + ": owner " + show(r) + " is not an integer rank");
+        if (!r.is_number_integer()) fail(at(l, e) + ": owner " + json_show(r) + " is not an integer rank");
         // NOTE: checked here, before narrowing to int; validate() checks the rest.
         const int64_t rv = r.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(r.get<uint64_t>(), INT64_MAX))
                                                   : r.get<int64_t>();

@@ -20,18 +20,12 @@
 #include <tuple>
 
 #include "model/error.h"
+#include "model/json_util.h"
 
 namespace colibri {
 
 using nlohmann::json;
 
-namespace {
-// A value for an error message: primitives as JSON, structures by type (dump()
-// recurses, and a deeply nested value would overflow the stack).
-[[maybe_unused]] std::string show(const nlohmann::json& v) {
-  return v.is_structured() ? std::string(v.type_name()) : v.dump();
-}
-}  // namespace
 
 namespace {
 
@@ -50,12 +44,12 @@ std::string where(const std::string& path, int64_t line) { return path + ":" + s
 int64_t get_int(const json& j, const char* key, int64_t lo, int64_t hi, const std::string& path, int64_t line) {
   auto it = j.find(key);
   if (it == j.end()) bad(path, line, std::string("missing \"") + key + "\"");
-  if (!it->is_number_integer()) bad(path, line, std::string("\"") + key + "\" is not an integer: " + show(*it));
+  if (!it->is_number_integer()) bad(path, line, std::string("\"") + key + "\" is not an integer: " + json_show(*it));
   int64_t v = 0;
   if (it->is_number_unsigned()) {
     uint64_t u = it->get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      bad(path, line, std::string("\"") + key + "\" is out of range: " + show(*it));
+      bad(path, line, std::string("\"") + key + "\" is out of range: " + json_show(*it));
     v = static_cast<int64_t>(u);
   } else {
     v = it->get<int64_t>();
@@ -81,7 +75,7 @@ void get_row(const json& j, const char* ekey, const char* wkey, int64_t max_expe
   r.experts.clear();
   r.weights.clear();
   for (const auto& e : *ei) {
-    if (!e.is_number_integer()) bad(path, line, std::string("\"") + ekey + "\" holds a non-integer: " + show(e));
+    if (!e.is_number_integer()) bad(path, line, std::string("\"") + ekey + "\" holds a non-integer: " + json_show(e));
     int64_t v = e.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(e.get<uint64_t>(), INT64_MAX))
                                        : e.get<int64_t>();
     if (v < 0 || v >= max_expert)
@@ -91,7 +85,7 @@ void get_row(const json& j, const char* ekey, const char* wkey, int64_t max_expe
     r.experts.push_back(static_cast<int32_t>(v));
   }
   for (const auto& w : *wi) {
-    if (!w.is_number()) bad(path, line, std::string("\"") + wkey + "\" holds a non-number: " + show(w));
+    if (!w.is_number()) bad(path, line, std::string("\"") + wkey + "\" holds a non-number: " + json_show(w));
     double v = w.get<double>();
     if (!std::isfinite(v)) bad(path, line, std::string("\"") + wkey + "\" holds a non-finite number");
     r.weights.push_back(static_cast<float>(v));
@@ -122,7 +116,7 @@ struct Keyed {
 void read_colibri(std::ifstream& in, const json& header, const std::string& path, int64_t& line, RoutingTrace& t) {
   auto it = header.find("version");
   if (it == header.end() || !it->is_number_integer() || it->get<int64_t>() != 1)
-    bad(path, line, "unsupported colibri-routing version " + (it == header.end() ? std::string("(missing)") : show(*it)) +
+    bad(path, line, "unsupported colibri-routing version " + (it == header.end() ? std::string("(missing)") : json_show(*it)) +
                         " (this build reads version 1)");
   t.num_layers = static_cast<int32_t>(get_int(header, "num_layers", 1, kMaxLayers, path, line));
   t.num_experts = static_cast<int32_t>(get_int(header, "num_experts", 1, kMaxExperts, path, line));
@@ -430,7 +424,7 @@ RoutingTrace read_routing_trace(const std::string& path) {
   json first = parse_line(text, path, line);
   if (auto f = first.find("format"); f != first.end()) {
     if (!f->is_string() || f->get<std::string>() != "colibri-routing")
-      bad(path, line, "unknown trace format " + show(*f) + " (expected \"colibri-routing\")");
+      bad(path, line, "unknown trace format " + json_show(*f) + " (expected \"colibri-routing\")");
     read_colibri(in, first, path, line, t);
   } else if (first.contains("problem_id") && first.contains("layer") && first.contains("experts")) {
     read_mixtral(in, std::move(first), path, line, t);
@@ -520,15 +514,15 @@ ExpertStats load_expert_stats(const std::string& path) {
   if (!j.is_object()) fail("not a JSON object");
   auto f = j.find("format");
   if (f == j.end() || !f->is_string() || f->get<std::string>() != "colibri-expert-stats")
-    fail("\"format\" is not \"colibri-expert-stats\"" + (f == j.end() ? std::string() : " (found " + show(*f) + ")"));
+    fail("\"format\" is not \"colibri-expert-stats\"" + (f == j.end() ? std::string() : " (found " + json_show(*f) + ")"));
   auto v = j.find("version");
   if (v == j.end() || !v->is_number_integer() || v->get<int64_t>() != 1)
-    fail("unsupported version " + (v == j.end() ? std::string("(missing)") : show(*v)) + " (this build reads 1)");
+    fail("unsupported version " + (v == j.end() ? std::string("(missing)") : json_show(*v)) + " (this build reads 1)");
   auto dim = [&](const char* key, int64_t hi) -> int32_t {
     auto it = j.find(key);
     if (it == j.end()) fail(std::string("missing \"") + key + "\"");
     if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > hi)
-      fail(std::string("\"") + key + "\" must be an integer in [1, " + std::to_string(hi) + "], found " + show(*it));
+      fail(std::string("\"") + key + "\" must be an integer in [1, " + std::to_string(hi) + "], found " + json_show(*it));
     return static_cast<int32_t>(it->get<int64_t>());
   };
   ExpertStats s;
@@ -540,7 +534,7 @@ ExpertStats load_expert_stats(const std::string& path) {
   }
   auto t = j.find("tokens");
   if (t == j.end() || !t->is_number_unsigned())
-    fail("\"tokens\" must be a non-negative integer" + (t == j.end() ? std::string(" (missing)") : ", found " + show(*t)));
+    fail("\"tokens\" must be a non-negative integer" + (t == j.end() ? std::string(" (missing)") : ", found " + json_show(*t)));
   s.tokens = t->get<uint64_t>();
   auto load = j.find("load");
   if (load == j.end() || !load->is_array()) fail("\"load\" must be an array of num_layers arrays");
@@ -559,7 +553,7 @@ ExpertStats load_expert_stats(const std::string& path) {
       // NOTE: nlohmann stores non-negative integers as unsigned; -1 and 2.5 are not.
       if (!row[e].is_number_unsigned())
         fail("load of layer " + std::to_string(l) + ", expert " + std::to_string(e) +
-             " is not a non-negative integer: " + show(row[e]));
+             " is not a non-negative integer: " + json_show(row[e]));
       s.load[l][e] = row[e].get<uint64_t>();
     }
   }
