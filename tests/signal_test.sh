@@ -53,7 +53,7 @@ wait "$pid"; rc=$?
 sleep 1
 if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then echo "FAIL cluster + SIGINT: exit $rc"; fail=1
 elif ! grep -q "(partial)" "$work/out.txt" || ! grep -q "the sequences above are partial" "$work/out.txt"; then
-  echo "FAIL cluster + SIGINT: no partial output"; tail -5 "$work/out.txt" "$work/err.txt"; fail=1
+  echo "FAIL cluster + SIGINT: no partial output"; tail -n 5 "$work/out.txt" "$work/err.txt"; fail=1
 elif pgrep -f "$work/m.colibri" > /dev/null; then
   echo "FAIL cluster + SIGINT: processes left"; pgrep -af "$work/m.colibri"; fail=1
 else
