@@ -34,6 +34,28 @@ bool dtype_valid(uint32_t raw) { return raw <= static_cast<uint32_t>(DType::BF16
 
 const char* status_name(Status s) { return colibri_status_string(static_cast<colibri_status>(s)); }
 
+}  // namespace colibri
+
+// The C API's status names live here, with the typed errors, so every binary
+// that links the model code (the library, the fuzzers) has exactly one copy.
+extern "C" const char* colibri_status_string(colibri_status status) {
+  switch (status) {
+    case COLIBRI_OK: return "ok";
+    case COLIBRI_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case COLIBRI_ERR_IO: return "i/o error";
+    case COLIBRI_ERR_FORMAT: return "malformed model file";
+    case COLIBRI_ERR_CHECKSUM: return "checksum mismatch";
+    case COLIBRI_ERR_UNSUPPORTED: return "unsupported";
+    case COLIBRI_ERR_OUT_OF_MEMORY: return "out of memory";
+    case COLIBRI_ERR_COMM: return "communication error";
+    case COLIBRI_ERR_CANCELLED: return "cancelled";
+    case COLIBRI_ERR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+namespace colibri {
+
 static float load_f32(const void* src, DType t, size_t i) {
   switch (t) {
     case DType::F32: { float f; std::memcpy(&f, static_cast<const char*>(src) + 4 * i, 4); return f; }

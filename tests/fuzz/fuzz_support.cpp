@@ -14,21 +14,7 @@
 
 #include "colibri.h"
 
-extern "C" const char* colibri_status_string(colibri_status status) {
-  switch (status) {
-    case COLIBRI_OK: return "ok";
-    case COLIBRI_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case COLIBRI_ERR_IO: return "i/o error";
-    case COLIBRI_ERR_FORMAT: return "malformed model file";
-    case COLIBRI_ERR_CHECKSUM: return "checksum mismatch";
-    case COLIBRI_ERR_UNSUPPORTED: return "unsupported";
-    case COLIBRI_ERR_OUT_OF_MEMORY: return "out of memory";
-    case COLIBRI_ERR_COMM: return "communication error";
-    case COLIBRI_ERR_CANCELLED: return "cancelled";
-    case COLIBRI_ERR_INTERNAL: return "internal error";
-  }
-  return "unknown status";
-}
+// colibri_status_string comes from model/dtype.cpp.
 
 namespace colibri::fuzz {
 
