@@ -46,7 +46,7 @@ uint64_t peak_rss_kb() {
 }
 
 void check_placement(const Placement& p, const ModelConfig& c, int world) {
-  p.check_fits(world, static_cast<int>(c.num_layers), static_cast<int>(c.num_experts));
+  p.check_fits(world, static_cast<int>(c.num_moe_layers()), static_cast<int>(c.num_experts));
 }
 
 void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placement> placement, Communicator& comm,
@@ -68,7 +68,7 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
 
   std::unique_ptr<Worker> worker;
   int owned = 0;
-  for (int l = 0; l < c.num_layers; ++l)
+  for (int l = 0; l < c.num_moe_layers(); ++l)
     for (int e = 0; e < c.num_experts; ++e) owned += placement->owns(comm.rank(), l, e);
   if (owned > 0)
     worker = std::make_unique<Worker>(file, *placement, comm.rank(), comm.size(), rows_cap * c.experts_per_token, opts.store);
@@ -89,7 +89,7 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
     switch (static_cast<Op>(m.op)) {
       case Op::Forward:
         if (passes++ == kill_at) std::raise(SIGKILL);  // testing aid: a lost rank
-        for (int l = 0; l < c.num_layers; ++l) dispatch.forward(l, nullptr, 0, nullptr, nullptr, nullptr);
+        for (int l = 0; l < c.num_moe_layers(); ++l) dispatch.forward(l, nullptr, 0, nullptr, nullptr, nullptr);
         break;
       case Op::Report: {
         RankReport r;

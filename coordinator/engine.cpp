@@ -13,12 +13,24 @@
 #include "coordinator/routing_trace.h"
 #include "kernels/cpu/kernels.h"
 #include "model/error.h"
+#include "worker/expert_ffn.h"
 
 namespace colibri {
 
 struct Engine::LayerWeights {
   std::vector<float> attn_norm, ffn_norm;
-  const TensorView *wq, *wk, *wv, *wo, *router;
+  int64_t window = 0;
+  // Grouped-query attention.
+  const TensorView *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
+  std::vector<float> bq, bk, bv, bo, q_norm, k_norm, sinks;
+  // Multi-head latent attention.
+  const TensorView *wq_a = nullptr, *wq_b = nullptr, *wkv_a = nullptr, *wk_b = nullptr, *wv_b = nullptr;
+  std::vector<float> q_a_norm, kv_a_norm;
+  // Feed-forward: a dense MLP, or routed experts (+ shared expert).
+  int moe = -1;  // index among the MoE layers, -1: dense
+  const TensorView* router = nullptr;
+  std::vector<float> router_bias, score_bias, shared_gate;
+  FfnWeights dense, shared;
 };
 
 namespace {
@@ -29,17 +41,58 @@ std::vector<float> to_f32_vector(const TensorView& t) {
   return v;
 }
 
-void apply_rope(float* x, int64_t heads, int64_t hd, const float* cos, const float* sin) {
-  // NOTE: Hugging Face's rotate_half layout: element i pairs with i + hd/2.
-  const int64_t half = hd / 2;
+std::vector<float> optional_f32(const ColibriFile& f, const std::string& name) {
+  const TensorView* t = f.find(name);
+  return t ? to_f32_vector(*t) : std::vector<float>{};
+}
+
+// Rotates the first `rd` dimensions of each of `heads` vectors (stride `stride`).
+// Half layout (Hugging Face rotate_half): i pairs with i + rd/2. Interleaved
+// (DeepSeek): 2i pairs with 2i+1, written back in half layout as transformers
+// does (queries and keys alike, so dot products are unchanged).
+void apply_rope(float* x, int64_t heads, int64_t stride, int64_t rd, bool interleaved, const float* cos,
+                const float* sin) {
+  const int64_t half = rd / 2;
+  float tmp[512];
   for (int64_t h = 0; h < heads; ++h) {
-    float* v = x + h * hd;
-    for (int64_t i = 0; i < half; ++i) {
-      float a = v[i], b = v[i + half];
-      v[i] = a * cos[i] - b * sin[i];
-      v[i + half] = b * cos[i] + a * sin[i];
+    float* v = x + h * stride;
+    if (interleaved) {
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[2 * i], b = v[2 * i + 1];
+        tmp[i] = a * cos[i] - b * sin[i];
+        tmp[i + half] = b * cos[i] + a * sin[i];
+      }
+      std::memcpy(v, tmp, static_cast<size_t>(rd) * sizeof(float));
+    } else {
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + half] = b * cos[i] + a * sin[i];
+      }
     }
   }
+}
+
+void add_bias(float* y, int64_t rows, int64_t width, const std::vector<float>& b) {
+  if (b.empty()) return;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < width; ++i) y[r * width + i] += b[static_cast<size_t>(i)];
+}
+
+const uint8_t* at_row(const TensorView& t, int64_t row, int64_t row_len) {
+  return t.data + static_cast<size_t>(row * row_len) * dtype_size(t.dtype);
+}
+
+FfnWeights ffn_weights(const ColibriFile& f, int l, const char* gate, const char* up, const char* down) {
+  FfnWeights w;
+  const TensorView& g = f.tensor(tname::layer(l, gate));
+  w.dtype = g.dtype;
+  w.gate = g.data;
+  w.up = f.tensor(tname::layer(l, up)).data;
+  w.down = f.tensor(tname::layer(l, down)).data;
+  if (f.tensor(tname::layer(l, up)).dtype != g.dtype || f.tensor(tname::layer(l, down)).dtype != g.dtype)
+    throw Error(Status::Format, f.path() + ": the FFN matrices of layer " + std::to_string(l) + " differ in dtype");
+  return w;
 }
 
 }  // namespace
@@ -58,40 +111,86 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
   chunk_ = opts.prefill_chunk;
   rows_cap_ = std::max(chunk_, max_batch_);
 
-  const int L = static_cast<int>(c.num_layers), NE = static_cast<int>(c.num_experts);
+  const int M = static_cast<int>(c.num_moe_layers()), NE = static_cast<int>(c.num_experts);
   if (opts.placement)
     placement_ = opts.placement;
   else if (comm_.size() == 1)
-    placement_ = std::make_shared<const Placement>(Placement::single(L, NE));
+    placement_ = std::make_shared<const Placement>(Placement::single(M, NE));
   else
-    placement_ = std::make_shared<const Placement>(make_placement("contiguous", L, NE, comm_.size(), false, nullptr, 0));
+    placement_ = std::make_shared<const Placement>(make_placement("contiguous", M, NE, comm_.size(), false, nullptr, 0));
   cluster::check_placement(*placement_, c, comm_.size());
   trace_ = opts.trace;
   bool hosts = false;
-  for (int l = 0; l < c.num_layers && !hosts; ++l)
-    for (int e = 0; e < c.num_experts && !hosts; ++e) hosts = placement_->owns(comm_.rank(), l, e);
+  for (int l = 0; l < M && !hosts; ++l)
+    for (int e = 0; e < NE && !hosts; ++e) hosts = placement_->owns(comm_.rank(), l, e);
   if (hosts)
     worker_ = std::make_unique<Worker>(file_, *placement_, comm_.rank(), comm_.size(), rows_cap_ * c.experts_per_token,
                                        opts.store);
   dispatch_ = std::make_unique<MoeDispatcher>(c, *placement_, comm_, worker_.get(), rows_cap_);
-  kv_ = std::make_unique<KVCache>(c.num_layers, max_batch_, max_ctx_, c.num_kv_heads, c.head_dim);
+  const bool mla = c.attention == "mla";
+  if (mla)
+    kv_ = std::make_unique<KVCache>(c.num_layers, max_batch_, max_ctx_, c.kv_lora_rank + c.qk_rope_head_dim, 0);
+  else
+    kv_ = std::make_unique<KVCache>(c.num_layers, max_batch_, max_ctx_, c.num_kv_heads * c.head_dim,
+                                    c.num_kv_heads * c.head_dim);
 
-  embd_ = &file_->tensor(tname::token_embd());
-  lm_head_ = c.tie_word_embeddings ? embd_ : &file_->tensor(tname::output());
-  final_norm_ = to_f32_vector(file_->tensor(tname::output_norm()));
+  const ColibriFile& f = *file_;
+  embd_ = &f.tensor(tname::token_embd());
+  lm_head_ = c.tie_word_embeddings ? embd_ : &f.tensor(tname::output());
+  final_norm_ = to_f32_vector(f.tensor(tname::output_norm()));
   layers_.resize(static_cast<size_t>(c.num_layers));
+  int64_t ffn_inter = 0;
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& w = layers_[static_cast<size_t>(l)];
-    w.attn_norm = to_f32_vector(file_->tensor(tname::layer(l, "attn_norm")));
-    w.ffn_norm = to_f32_vector(file_->tensor(tname::layer(l, "ffn_norm")));
-    w.wq = &file_->tensor(tname::layer(l, "attn_q"));
-    w.wk = &file_->tensor(tname::layer(l, "attn_k"));
-    w.wv = &file_->tensor(tname::layer(l, "attn_v"));
-    w.wo = &file_->tensor(tname::layer(l, "attn_output"));
-    w.router = &file_->tensor(tname::layer(l, "ffn_gate_inp"));
+    auto name = [&](const char* what) { return tname::layer(l, what); };
+    w.attn_norm = to_f32_vector(f.tensor(name("attn_norm")));
+    w.ffn_norm = to_f32_vector(f.tensor(name("ffn_norm")));
+    w.window = c.window(l);
+    w.wo = &f.tensor(name("attn_output"));
+    w.bo = optional_f32(f, name("attn_output_bias"));
+    if (mla) {
+      if (c.q_lora_rank > 0) {
+        w.wq_a = &f.tensor(name("attn_q_a"));
+        w.q_a_norm = to_f32_vector(f.tensor(name("attn_q_a_norm")));
+        w.wq_b = &f.tensor(name("attn_q_b"));
+      } else {
+        w.wq = &f.tensor(name("attn_q"));
+      }
+      w.wkv_a = &f.tensor(name("attn_kv_a"));
+      w.kv_a_norm = to_f32_vector(f.tensor(name("attn_kv_a_norm")));
+      w.wk_b = &f.tensor(name("attn_k_b"));
+      w.wv_b = &f.tensor(name("attn_v_b"));
+    } else {
+      w.wq = &f.tensor(name("attn_q"));
+      w.wk = &f.tensor(name("attn_k"));
+      w.wv = &f.tensor(name("attn_v"));
+      w.bq = optional_f32(f, name("attn_q_bias"));
+      w.bk = optional_f32(f, name("attn_k_bias"));
+      w.bv = optional_f32(f, name("attn_v_bias"));
+      w.q_norm = optional_f32(f, name("attn_q_norm"));
+      w.k_norm = optional_f32(f, name("attn_k_norm"));
+      w.sinks = optional_f32(f, name("attn_sinks"));
+    }
+    w.moe = c.moe_index(l);
+    if (w.moe < 0) {
+      w.dense = ffn_weights(f, l, "ffn_gate", "ffn_up", "ffn_down");
+      ffn_inter = std::max(ffn_inter, c.dense_intermediate_size);
+      continue;
+    }
+    w.router = &f.tensor(name("ffn_gate_inp"));
+    w.router_bias = optional_f32(f, name("ffn_gate_inp_bias"));
+    w.score_bias = optional_f32(f, name("exp_probs_b"));
+    if (c.shared_intermediate_size > 0) {
+      w.shared = ffn_weights(f, l, "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp");
+      w.shared_gate = optional_f32(f, name("ffn_gate_inp_shexp"));
+      ffn_inter = std::max(ffn_inter, c.shared_intermediate_size);
+    }
   }
 
-  const int64_t R = rows_cap_, H = c.hidden_size, Q = c.num_heads * c.head_dim, KV = c.num_kv_heads * c.head_dim;
+  const int64_t R = rows_cap_, H = c.hidden_size, NH = c.num_heads;
+  const int64_t Q = NH * c.head_dim;
+  const int64_t KV = mla ? c.kv_lora_rank + c.qk_rope_head_dim : c.num_kv_heads * c.head_dim;
+  const int64_t ATT = mla ? NH * c.v_head_dim : Q;
   auto sz = [](int64_t a, int64_t b) { return static_cast<size_t>(a * b); };
   try {
     x_.resize(sz(R, H));
@@ -100,31 +199,40 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
     moe_.resize(sz(R, H));
     gathered_.resize(sz(R, H));
     q_.resize(sz(R, Q));
-    att_.resize(sz(R, Q));
+    att_.resize(sz(R, ATT));
     k_.resize(sz(R, KV));
-    v_.resize(sz(R, KV));
+    if (!mla) v_.resize(sz(R, KV));
     router_.resize(sz(R, c.num_experts));
     experts_.resize(sz(R, c.experts_per_token));
     weights_.resize(sz(R, c.experts_per_token));
     logits_.resize(sz(R, c.vocab_size));
+    ffn_gate_.resize(sz(R, ffn_inter));
+    ffn_up_.resize(sz(R, ffn_inter));
+    if (mla) {
+      qa_.resize(sz(R, c.q_lora_rank));
+      lat_q_.resize(sz(R, NH * c.kv_lora_rank));
+      lat_o_.resize(sz(R, NH * c.kv_lora_rank));
+    }
   } catch (const std::bad_alloc&) {
     throw Error(Status::OutOfMemory, "activation buffers for " + std::to_string(R) + " rows do not fit in memory");
   }
 
-  // Rotary tables, computed in f32 the way transformers does:
-  // inv_freq = 1 / theta^(2i/d), angle = pos * inv_freq.
-  const int64_t half = c.head_dim / 2;
+  // Rotary tables in f32 the way transformers computes them: angle = pos *
+  // inv_freq (default or YaRN), cos/sin times YaRN's attention factor.
+  const std::vector<float> inv = rope_inv_freq(c);
+  const int64_t half = c.rope_dim / 2;
+  if (c.rope_dim > 512) throw Error(Status::Unsupported, "rotary dimension above 512");
+  const float af = static_cast<float>(c.rope_scaling.attention_factor);
   rope_cos_.resize(sz(max_ctx_, half));
   rope_sin_.resize(sz(max_ctx_, half));
-  for (int64_t i = 0; i < half; ++i) {
-    float ex = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
-    float inv = 1.0f / std::pow(static_cast<float>(c.rope_theta), ex);
+  for (int64_t i = 0; i < half; ++i)
     for (int64_t p = 0; p < max_ctx_; ++p) {
-      float a = static_cast<float>(p) * inv;
-      rope_cos_[static_cast<size_t>(p * half + i)] = std::cos(a);
-      rope_sin_[static_cast<size_t>(p * half + i)] = std::sin(a);
+      const float a = static_cast<float>(p) * inv[static_cast<size_t>(i)];
+      float cs = std::cos(a), sn = std::sin(a);
+      if (af != 1.0f) cs *= af, sn *= af;
+      rope_cos_[static_cast<size_t>(p * half + i)] = cs;
+      rope_sin_[static_cast<size_t>(p * half + i)] = sn;
     }
-  }
   threads_ = omp_get_max_threads();
   scores_.resize(sz(threads_, max_ctx_));
 }
@@ -152,17 +260,52 @@ void Engine::stop_workers() {
   workers_stopped_ = true;
 }
 
-void Engine::attention(int layer, int64_t n, const int32_t* seqs, const int32_t* pos) {
+void Engine::attention_gqa(int layer, int64_t n, const int32_t* seqs, const int32_t* pos) {
   const ModelConfig& c = file_->config();
-  const int64_t nh = c.num_heads, hd = c.head_dim, group = c.num_heads / c.num_kv_heads, Q = nh * hd;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const LayerWeights& w = layers_[static_cast<size_t>(layer)];
+  const int64_t H = c.hidden_size, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  const int64_t Q = nh * hd, KV = nkv * hd, group = nh / nkv, half = c.rope_dim / 2;
   const auto& kt = kernels::active();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  kernels::gemm(xn_.data(), H, n, w.wq->data, w.wq->dtype, H, Q, q_.data(), Q);
+  kernels::gemm(xn_.data(), H, n, w.wk->data, w.wk->dtype, H, KV, k_.data(), KV);
+  kernels::gemm(xn_.data(), H, n, w.wv->data, w.wv->dtype, H, KV, v_.data(), KV);
+  add_bias(q_.data(), n, Q, w.bq);
+  add_bias(k_.data(), n, KV, w.bk);
+  add_bias(v_.data(), n, KV, w.bv);
+  for (int64_t i = 0; i < n; ++i) {
+    float* q = q_.data() + i * Q;
+    float* k = k_.data() + i * KV;
+    float* v = v_.data() + i * KV;
+    if (c.qk_norm == "head") {
+      for (int64_t h = 0; h < nh; ++h) kt.rmsnorm(q + h * hd, w.q_norm.data(), q + h * hd, hd, eps);
+      for (int64_t h = 0; h < nkv; ++h) kt.rmsnorm(k + h * hd, w.k_norm.data(), k + h * hd, hd, eps);
+    } else if (c.qk_norm == "full") {
+      kt.rmsnorm(q, w.q_norm.data(), q, Q, eps);
+      kt.rmsnorm(k, w.k_norm.data(), k, KV, eps);
+    }
+    if (c.clip_qkv > 0) {
+      const float cl = static_cast<float>(c.clip_qkv);
+      for (int64_t j = 0; j < Q; ++j) q[j] = std::clamp(q[j], -cl, cl);
+      for (int64_t j = 0; j < KV; ++j) k[j] = std::clamp(k[j], -cl, cl), v[j] = std::clamp(v[j], -cl, cl);
+    }
+    const float* cs = rope_cos_.data() + pos[i] * half;
+    const float* sn = rope_sin_.data() + pos[i] * half;
+    apply_rope(q, nh, hd, c.rope_dim, c.rope_interleaved, cs, sn);
+    apply_rope(k, nkv, hd, c.rope_dim, c.rope_interleaved, cs, sn);
+    std::memcpy(kv_->k(layer, seqs[i], pos[i]), k, static_cast<size_t>(KV) * sizeof(float));
+    std::memcpy(kv_->v(layer, seqs[i], pos[i]), v, static_cast<size_t>(KV) * sizeof(float));
+  }
+
+  const float scale = static_cast<float>(c.attn_scale);
+  const int64_t window = w.window;
+  const float* sinks = w.sinks.empty() ? nullptr : w.sinks.data();
   const int64_t pairs = n * nh;
 #pragma omp parallel for schedule(dynamic, 4) num_threads(threads_) if (pairs * (pos[n - 1] + 1) > 4096)
   for (int64_t ph = 0; ph < pairs; ++ph) {
     const int64_t i = ph / nh, h = ph % nh, kvh = h / group;
     const int64_t p = pos[i], s = seqs[i];
-    const int64_t start = c.sliding_window > 0 ? std::max<int64_t>(0, p - c.sliding_window + 1) : 0;
+    const int64_t start = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
     float* sc = scores_.data() + static_cast<size_t>(omp_get_thread_num()) * max_ctx_;
     const float* q = q_.data() + i * Q + h * hd;
     float mx = -INFINITY;
@@ -171,20 +314,126 @@ void Engine::attention(int layer, int64_t n, const int32_t* seqs, const int32_t*
       sc[t - start] = v;
       mx = std::max(mx, v);
     }
+    if (sinks) mx = std::max(mx, sinks[h]);
     float sum = 0.f;
     for (int64_t t = 0; t <= p - start; ++t) sum += (sc[t] = std::exp(sc[t] - mx));
+    // gpt-oss: the sink takes part in the softmax and is then dropped.
+    if (sinks) sum += std::exp(sinks[h] - mx);
     const float inv = 1.0f / sum;
     float* o = att_.data() + i * Q + h * hd;
     std::memset(o, 0, static_cast<size_t>(hd) * sizeof(float));
     for (int64_t t = start; t <= p; ++t) kt.axpy(o, sc[t - start] * inv, kv_->v(layer, s, t) + kvh * hd, hd);
+  }
+  kernels::gemm(att_.data(), Q, n, w.wo->data, w.wo->dtype, Q, H, tmp_.data(), H);
+  add_bias(tmp_.data(), n, H, w.bo);
+}
+
+void Engine::attention_mla(int layer, int64_t n, const int32_t* seqs, const int32_t* pos) {
+  const ModelConfig& c = file_->config();
+  const LayerWeights& w = layers_[static_cast<size_t>(layer)];
+  const int64_t H = c.hidden_size, nh = c.num_heads, hd = c.head_dim, Q = nh * hd;
+  const int64_t R = c.kv_lora_rank, nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, vd = c.v_head_dim;
+  const int64_t KW = R + rd, half = rd / 2, ATT = nh * vd, LQ = nh * R;
+  const auto& kt = kernels::active();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // Queries: q = W_q x, or W_qb rmsnorm(W_qa x).
+  if (w.wq_a) {
+    const int64_t QR = c.q_lora_rank;
+    kernels::gemm(xn_.data(), H, n, w.wq_a->data, w.wq_a->dtype, H, QR, qa_.data(), QR);
+    for (int64_t i = 0; i < n; ++i) kt.rmsnorm(qa_.data() + i * QR, w.q_a_norm.data(), qa_.data() + i * QR, QR, eps);
+    kernels::gemm(qa_.data(), QR, n, w.wq_b->data, w.wq_b->dtype, QR, Q, q_.data(), Q);
+  } else {
+    kernels::gemm(xn_.data(), H, n, w.wq->data, w.wq->dtype, H, Q, q_.data(), Q);
+  }
+  // The compressed KV: [latent (R) | shared rotary key (rd)]; the cache keeps
+  // the normalised latent and the rotated key, never per-head K and V.
+  kernels::gemm(xn_.data(), H, n, w.wkv_a->data, w.wkv_a->dtype, H, KW, k_.data(), KW);
+  for (int64_t i = 0; i < n; ++i) {
+    float* kv = k_.data() + i * KW;
+    kt.rmsnorm(kv, w.kv_a_norm.data(), kv, R, eps);
+    const float* cs = rope_cos_.data() + pos[i] * half;
+    const float* sn = rope_sin_.data() + pos[i] * half;
+    apply_rope(kv + R, 1, rd, rd, c.rope_interleaved, cs, sn);
+    apply_rope(q_.data() + i * Q + nope, nh, hd, rd, c.rope_interleaved, cs, sn);
+    std::memcpy(kv_->k(layer, seqs[i], pos[i]), kv, static_cast<size_t>(KW) * sizeof(float));
+  }
+  // Absorb W_uk into the queries: lat_q[h] = W_uk[h]^T q_nope[h] (attn_k_b
+  // holds W_uk[h]^T as [R, nope] per head), so scores need only the latent.
+  const size_t kb_head = static_cast<size_t>(R * nope) * dtype_size(w.wk_b->dtype);
+  for (int64_t h = 0; h < nh; ++h)
+    kernels::gemm(q_.data() + h * hd, Q, n, w.wk_b->data + h * kb_head, w.wk_b->dtype, nope, R, lat_q_.data() + h * R, LQ);
+
+  const float scale = static_cast<float>(c.attn_scale);
+  const int64_t window = w.window;
+  const int64_t pairs = n * nh;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(threads_) if (pairs * (pos[n - 1] + 1) > 4096)
+  for (int64_t ph = 0; ph < pairs; ++ph) {
+    const int64_t i = ph / nh, h = ph % nh;
+    const int64_t p = pos[i], s = seqs[i];
+    const int64_t start = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+    float* sc = scores_.data() + static_cast<size_t>(omp_get_thread_num()) * max_ctx_;
+    const float* lq = lat_q_.data() + i * LQ + h * R;
+    const float* qr = q_.data() + i * Q + h * hd + nope;
+    float mx = -INFINITY;
+    for (int64_t t = start; t <= p; ++t) {
+      const float* kv = kv_->k(layer, s, t);
+      float v = (kt.dot(lq, kv, R) + kt.dot(qr, kv + R, rd)) * scale;
+      sc[t - start] = v;
+      mx = std::max(mx, v);
+    }
+    float sum = 0.f;
+    for (int64_t t = 0; t <= p - start; ++t) sum += (sc[t] = std::exp(sc[t] - mx));
+    const float inv = 1.0f / sum;
+    float* o = lat_o_.data() + i * LQ + h * R;
+    std::memset(o, 0, static_cast<size_t>(R) * sizeof(float));
+    for (int64_t t = start; t <= p; ++t) kt.axpy(o, sc[t - start] * inv, kv_->k(layer, s, t), R);
+  }
+  // Values: out[h] = W_uv[h] (sum_t p_t latent_t).
+  const size_t vb_head = static_cast<size_t>(vd * R) * dtype_size(w.wv_b->dtype);
+  for (int64_t h = 0; h < nh; ++h)
+    kernels::gemm(lat_o_.data() + h * R, LQ, n, w.wv_b->data + h * vb_head, w.wv_b->dtype, R, vd, att_.data() + h * vd, ATT);
+  kernels::gemm(att_.data(), ATT, n, w.wo->data, w.wo->dtype, ATT, H, tmp_.data(), H);
+  add_bias(tmp_.data(), n, H, w.bo);
+}
+
+void Engine::feed_forward(int layer, int64_t n, const int32_t* seqs, const int32_t* pos) {
+  const ModelConfig& c = file_->config();
+  const LayerWeights& w = layers_[static_cast<size_t>(layer)];
+  const int64_t H = c.hidden_size, E = c.num_experts, K = c.experts_per_token;
+  if (w.moe < 0) {
+    ffn(w.dense, FfnSpec::silu(H, c.dense_intermediate_size), xn_.data(), n, moe_.data(), ffn_gate_.data(), ffn_up_.data());
+    return;
+  }
+  // Router on the coordinator, experts wherever the placement says.
+  kernels::gemm(xn_.data(), H, n, w.router->data, w.router->dtype, H, E, router_.data(), E);
+  add_bias(router_.data(), n, E, w.router_bias);
+  route(c.routing, router_.data(), n, E, K, w.score_bias.empty() ? nullptr : w.score_bias.data(), experts_.data(),
+        weights_.data());
+  if (trace_)
+    for (int64_t i = 0; i < n; ++i)
+      trace_->write(step_, w.moe, seqs[i], pos[i], experts_.data() + i * K, weights_.data() + i * K, static_cast<int>(K));
+  dispatch_->forward(w.moe, xn_.data(), n, experts_.data(), weights_.data(), moe_.data());
+  if (c.shared_intermediate_size > 0) {
+    ffn(w.shared, FfnSpec::silu(H, c.shared_intermediate_size), xn_.data(), n, tmp_.data(), ffn_gate_.data(),
+        ffn_up_.data());
+    const auto& kt = kernels::active();
+    for (int64_t i = 0; i < n; ++i) {
+      float* t = tmp_.data() + i * H;
+      if (!w.shared_gate.empty()) {
+        // Qwen2-MoE: the shared expert's output times sigmoid(x . w_gate).
+        const float g = 1.0f / (1.0f + std::exp(-kt.dot(xn_.data() + i * H, w.shared_gate.data(), H)));
+        for (int64_t j = 0; j < H; ++j) t[j] *= g;
+      }
+      float* m = moe_.data() + i * H;
+      for (int64_t j = 0; j < H; ++j) m[j] += t[j];
+    }
   }
 }
 
 void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, const int32_t* pos,
                      const uint8_t* want_logits) {
   const ModelConfig& c = file_->config();
-  const int64_t H = c.hidden_size, Q = c.num_heads * c.head_dim, KV = c.num_kv_heads * c.head_dim;
-  const int64_t hd = c.head_dim, half = hd / 2, E = c.num_experts, K = c.experts_per_token;
+  const int64_t H = c.hidden_size;
   const auto& kt = kernels::active();
   const float eps = static_cast<float>(c.rms_norm_eps);
   const size_t row_bytes = static_cast<size_t>(H) * dtype_size(embd_->dtype);
@@ -196,32 +445,17 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, cons
   for (int64_t i = 0; i < n; ++i)
     kernels::to_f32(embd_->data + static_cast<size_t>(tokens[i]) * row_bytes, embd_->dtype, H, x_.data() + i * H);
 
+  const bool mla = c.attention == "mla";
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = layers_[static_cast<size_t>(l)];
-    // Attention block.
     for (int64_t i = 0; i < n; ++i) kt.rmsnorm(x_.data() + i * H, w.attn_norm.data(), xn_.data() + i * H, H, eps);
-    kernels::gemm(xn_.data(), H, n, w.wq->data, w.wq->dtype, H, Q, q_.data(), Q);
-    kernels::gemm(xn_.data(), H, n, w.wk->data, w.wk->dtype, H, KV, k_.data(), KV);
-    kernels::gemm(xn_.data(), H, n, w.wv->data, w.wv->dtype, H, KV, v_.data(), KV);
-    for (int64_t i = 0; i < n; ++i) {
-      const float* cs = rope_cos_.data() + pos[i] * half;
-      const float* sn = rope_sin_.data() + pos[i] * half;
-      apply_rope(q_.data() + i * Q, c.num_heads, hd, cs, sn);
-      apply_rope(k_.data() + i * KV, c.num_kv_heads, hd, cs, sn);
-      std::memcpy(kv_->k(l, seqs[i], pos[i]), k_.data() + i * KV, static_cast<size_t>(KV) * sizeof(float));
-      std::memcpy(kv_->v(l, seqs[i], pos[i]), v_.data() + i * KV, static_cast<size_t>(KV) * sizeof(float));
-    }
-    attention(l, n, seqs, pos);
-    kernels::gemm(att_.data(), Q, n, w.wo->data, w.wo->dtype, Q, H, tmp_.data(), H);
+    if (mla)
+      attention_mla(l, n, seqs, pos);
+    else
+      attention_gqa(l, n, seqs, pos);
     for (int64_t i = 0; i < n * H; ++i) x_[static_cast<size_t>(i)] += tmp_[static_cast<size_t>(i)];
-    // MoE block: router on the coordinator, experts wherever the placement says.
     for (int64_t i = 0; i < n; ++i) kt.rmsnorm(x_.data() + i * H, w.ffn_norm.data(), xn_.data() + i * H, H, eps);
-    kernels::gemm(xn_.data(), H, n, w.router->data, w.router->dtype, H, E, router_.data(), E);
-    route(c.routing, router_.data(), n, E, K, experts_.data(), weights_.data());
-    if (trace_)
-      for (int64_t i = 0; i < n; ++i)
-        trace_->write(step_, l, seqs[i], pos[i], experts_.data() + i * K, weights_.data() + i * K, static_cast<int>(K));
-    dispatch_->forward(l, xn_.data(), n, experts_.data(), weights_.data(), moe_.data());
+    feed_forward(l, n, seqs, pos);
     for (int64_t i = 0; i < n * H; ++i) x_[static_cast<size_t>(i)] += moe_[static_cast<size_t>(i)];
   }
 

@@ -83,6 +83,8 @@ class Engine {
   const DispatchStats& dispatch_stats() const { return dispatch_->stats(); }
   const Placement& placement() const { return *placement_; }
   int64_t rows_capacity() const { return rows_cap_; }
+  // Bytes of the KV cache (for MLA: latents and rotary keys only).
+  uint64_t kv_cache_bytes() const { return kv_->bytes(); }
   // With workers: tells them how big a forward pass can be (once, first).
   void start_workers();
   // With workers: ends their serve loops (idempotent).
@@ -93,7 +95,11 @@ class Engine {
   // Runs rows (token, sequence slot, position) through the model; writes the
   // logits of the rows with want_logits[i] into logits_ rows in order.
   void forward(int64_t n, const int32_t* tokens, const int32_t* seqs, const int32_t* pos, const uint8_t* want_logits);
-  void attention(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
+  // Attention block of `layer` on xn_ -> tmp_ (output projection included).
+  void attention_gqa(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
+  void attention_mla(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
+  // Feed-forward block of `layer` on xn_ -> moe_.
+  void feed_forward(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
 
   std::shared_ptr<const ColibriFile> file_;
   Communicator& comm_;
@@ -111,9 +117,11 @@ class Engine {
   const TensorView* lm_head_ = nullptr;
   // Activations sized once for rows_cap_ rows:
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, router_, moe_, logits_, gathered_;
+  std::vector<float> ffn_gate_, ffn_up_;   // dense / shared FFN intermediates
+  std::vector<float> qa_, lat_q_, lat_o_;  // MLA: q low-rank, absorbed queries, latent outputs
   std::vector<int32_t> experts_;
   std::vector<float> weights_;
-  std::vector<float> rope_cos_, rope_sin_;  // [max_ctx][head_dim / 2]
+  std::vector<float> rope_cos_, rope_sin_;  // [max_ctx][rope_dim / 2], times YaRN's attention factor
   std::vector<float> scores_;               // [threads][max_ctx]
   int threads_ = 1;
   Sampler sampler_;

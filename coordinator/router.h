@@ -1,5 +1,5 @@
 // router.h: turns router logits into (expert, weight) pairs with the model
-// family's exact semantics.
+// family's exact semantics (see RoutingConfig in model/config.h).
 #pragma once
 #include <cstdint>
 
@@ -7,10 +7,12 @@
 
 namespace colibri {
 
-// logits: [rows][num_experts]; experts, weights: [rows][k], slot 0 = highest score.
-// Mixtral: softmax over all experts in f32, top-k (ties to the lower index),
-// then the k weights renormalised to sum to one.
+// logits: [rows][num_experts] (the router bias, if any, already added);
+// score_bias: [num_experts] correction added to the scores for selection only
+// (DeepSeek-V3 / GLM e_score_correction_bias), or null.
+// experts, weights: [rows][k], slot 0 = highest selection score; ties go to
+// the lower expert index.
 void route(const RoutingConfig& cfg, const float* logits, int64_t rows, int64_t num_experts, int64_t k,
-           int32_t* experts, float* weights);
+           const float* score_bias, int32_t* experts, float* weights);
 
 }  // namespace colibri

@@ -44,7 +44,7 @@ int cmd_place(int argc, char** argv) {
     ColibriFile::Options fo;
     fo.verify_dense = false;  // only the config is needed
     auto file = ColibriFile::open(r["model"].as<std::string>(), fo);
-    layers = static_cast<int>(file->config().num_layers);
+    layers = static_cast<int>(file->config().num_moe_layers());
     experts = static_cast<int>(file->config().num_experts);
   } else {
     if (!r.count("layers") || !r.count("experts"))

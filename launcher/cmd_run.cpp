@@ -190,9 +190,9 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     const bool coord_hosts = world == 1 || r.count("coordinator-experts") > 0;
     if (r.count("placement")) {
       placement = std::make_shared<const Placement>(
-          Placement::load(r["placement"].as<std::string>(), world, static_cast<int>(cfg.num_layers), static_cast<int>(cfg.num_experts)));
+          Placement::load(r["placement"].as<std::string>(), world, static_cast<int>(cfg.num_moe_layers()), static_cast<int>(cfg.num_experts)));
     } else {
-      placement = std::make_shared<const Placement>(make_placement(r["policy"].as<std::string>(), static_cast<int>(cfg.num_layers),
+      placement = std::make_shared<const Placement>(make_placement(r["policy"].as<std::string>(), static_cast<int>(cfg.num_moe_layers()),
                                                                    static_cast<int>(cfg.num_experts), world, coord_hosts,
                                                                    stats.get(), r["redundant"].as<int>()));
     }
@@ -206,10 +206,10 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     so.decay = r["cache-decay"].as<double>();
     if (so.policy == "pinned") {
       if (!stats) throw Error(Status::InvalidArgument, "--cache-policy pinned needs --stats STATS.json");
-      if (stats->num_layers != cfg.num_layers || stats->num_experts != cfg.num_experts)
+      if (stats->num_layers != cfg.num_moe_layers() || stats->num_experts != cfg.num_experts)
         throw Error(Status::InvalidArgument, "--stats describes " + std::to_string(stats->num_layers) + " layers x " +
                                                  std::to_string(stats->num_experts) + " experts, the model has " +
-                                                 std::to_string(cfg.num_layers) + " x " + std::to_string(cfg.num_experts));
+                                                 std::to_string(cfg.num_moe_layers()) + " x " + std::to_string(cfg.num_experts));
       so.pinned = hottest_keys(*stats, file->experts().size());
     }
     std::string fault;
@@ -249,7 +249,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     }
     std::unique_ptr<RoutingTraceWriter> trace;
     if (r.count("record-routing"))
-      trace = std::make_unique<RoutingTraceWriter>(r["record-routing"].as<std::string>(), static_cast<int>(cfg.num_layers),
+      trace = std::make_unique<RoutingTraceWriter>(r["record-routing"].as<std::string>(), static_cast<int>(cfg.num_moe_layers()),
                                                    static_cast<int>(cfg.num_experts), static_cast<int>(cfg.experts_per_token));
     EngineOptions eo;
     eo.max_batch = static_cast<int64_t>(reqs.size());
@@ -306,7 +306,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       mine.hits = cs.hits, mine.misses = cs.misses, mine.bytes_loaded = cs.bytes_loaded, mine.evictions = cs.evictions;
       mine.cache_slots = w->store().slots();
       std::snprintf(mine.policy, sizeof mine.policy, "%s", w->store().policy());
-      for (int l = 0; l < cfg.num_layers; ++l)
+      for (int l = 0; l < cfg.num_moe_layers(); ++l)
         for (int e = 0; e < cfg.num_experts; ++e) mine.experts_owned += placement->owns(0, l, e);
     }
     mine.rows_served = engine.dispatch_stats().rows_served;
@@ -336,7 +336,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       const uint64_t tokens = static_cast<uint64_t>(st.prefill_tokens + st.decode_tokens);
       std::printf("exchange: %llu forward passes, %llu tokens, %llu (token, expert) rows to other ranks = %llu row bytes, "
                   "%llu count bytes, %llu bytes sent in all (%.1f KiB per token)\n",
-                  (unsigned long long)(ds.layers / std::max<int64_t>(1, cfg.num_layers)), (unsigned long long)tokens,
+                  (unsigned long long)(ds.layers / std::max<int64_t>(1, cfg.num_moe_layers())), (unsigned long long)tokens,
                   (unsigned long long)ds.rows_remote, (unsigned long long)(ds.rows_remote * row_bytes),
                   (unsigned long long)(comm->stats().bytes_sent - ds.rows_remote * row_bytes),
                   (unsigned long long)comm->stats().bytes_sent, comm->stats().bytes_sent / 1024.0 / std::max<uint64_t>(1, tokens));

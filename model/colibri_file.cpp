@@ -47,21 +47,95 @@ ExpertLayout expert_layout(const ModelConfig& c, DType dtype) {
   l.up_offset = align_up(mat, kMatrixAlign);
   l.down_offset = l.up_offset + align_up(mat, kMatrixAlign);
   l.size = l.down_offset + mat;
+  if (c.expert_bias) {
+    const uint64_t ib = static_cast<uint64_t>(c.intermediate_size) * sizeof(float);
+    l.has_bias = true;
+    l.gate_bias_offset = align_up(l.size, kMatrixAlign);
+    l.up_bias_offset = l.gate_bias_offset + align_up(ib, kMatrixAlign);
+    l.down_bias_offset = l.up_bias_offset + align_up(ib, kMatrixAlign);
+    l.size = l.down_bias_offset + static_cast<uint64_t>(c.hidden_size) * sizeof(float);
+  }
   return l;
 }
 
+ExpertView rebase(const ExpertView& e, const uint8_t* block) {
+  ExpertView v = e;
+  auto move = [&](const void* p) -> const uint8_t* {
+    return p ? block + (static_cast<const uint8_t*>(p) - e.block) : nullptr;
+  };
+  v.block = block;
+  v.gate = move(e.gate);
+  v.up = move(e.up);
+  v.down = move(e.down);
+  v.gate_bias = reinterpret_cast<const float*>(move(e.gate_bias));
+  v.up_bias = reinterpret_cast<const float*>(move(e.up_bias));
+  v.down_bias = reinterpret_cast<const float*>(move(e.down_bias));
+  return v;
+}
+
 std::vector<TensorSpec> dense_tensor_specs(const ModelConfig& c) {
-  const int64_t H = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  const int64_t H = c.hidden_size, nh = c.num_heads, hd = c.head_dim;
+  const int64_t q = nh * hd, kv = c.num_kv_heads * hd;
   std::vector<TensorSpec> v;
+  auto mat = [&](int l, const char* w, std::vector<int64_t> shape) { v.push_back({tname::layer(l, w), std::move(shape)}); };
+  auto f32 = [&](int l, const char* w, int64_t n) { v.push_back({tname::layer(l, w), {n}, true}); };
   v.push_back({tname::token_embd(), {c.vocab_size, H}});
   for (int l = 0; l < c.num_layers; ++l) {
-    v.push_back({tname::layer(l, "attn_norm"), {H}, true});
-    v.push_back({tname::layer(l, "attn_q"), {q, H}});
-    v.push_back({tname::layer(l, "attn_k"), {kv, H}});
-    v.push_back({tname::layer(l, "attn_v"), {kv, H}});
-    v.push_back({tname::layer(l, "attn_output"), {H, q}});
-    v.push_back({tname::layer(l, "ffn_norm"), {H}, true});
-    v.push_back({tname::layer(l, "ffn_gate_inp"), {c.num_experts, H}});
+    f32(l, "attn_norm", H);
+    if (c.attention == "mla") {
+      const int64_t R = c.kv_lora_rank;
+      if (c.q_lora_rank > 0) {
+        mat(l, "attn_q_a", {c.q_lora_rank, H});
+        f32(l, "attn_q_a_norm", c.q_lora_rank);
+        mat(l, "attn_q_b", {q, c.q_lora_rank});
+      } else {
+        mat(l, "attn_q", {q, H});
+      }
+      mat(l, "attn_kv_a", {R + c.qk_rope_head_dim, H});
+      f32(l, "attn_kv_a_norm", R);
+      // kv_b_proj split per head: K's part transposed ([R, nope] per head, to
+      // absorb it into the query) and V's part ([v, R] per head).
+      mat(l, "attn_k_b", {nh * R, c.qk_nope_head_dim});
+      mat(l, "attn_v_b", {nh * c.v_head_dim, R});
+      mat(l, "attn_output", {H, nh * c.v_head_dim});
+    } else {
+      mat(l, "attn_q", {q, H});
+      mat(l, "attn_k", {kv, H});
+      mat(l, "attn_v", {kv, H});
+      if (c.qkv_bias) {
+        f32(l, "attn_q_bias", q);
+        f32(l, "attn_k_bias", kv);
+        f32(l, "attn_v_bias", kv);
+      }
+      if (c.qk_norm == "head") {
+        f32(l, "attn_q_norm", hd);
+        f32(l, "attn_k_norm", hd);
+      } else if (c.qk_norm == "full") {
+        f32(l, "attn_q_norm", q);
+        f32(l, "attn_k_norm", kv);
+      }
+      if (c.attn_sinks) f32(l, "attn_sinks", nh);
+      mat(l, "attn_output", {H, q});
+      if (c.o_bias) f32(l, "attn_output_bias", H);
+    }
+    f32(l, "ffn_norm", H);
+    if (c.moe_index(l) < 0) {
+      const int64_t I = c.dense_intermediate_size;
+      mat(l, "ffn_gate", {I, H});
+      mat(l, "ffn_up", {I, H});
+      mat(l, "ffn_down", {H, I});
+      continue;
+    }
+    mat(l, "ffn_gate_inp", {c.num_experts, H});
+    if (c.routing.router_bias) f32(l, "ffn_gate_inp_bias", c.num_experts);
+    if (c.routing.score_bias) f32(l, "exp_probs_b", c.num_experts);
+    if (c.shared_intermediate_size > 0) {
+      const int64_t I = c.shared_intermediate_size;
+      mat(l, "ffn_gate_shexp", {I, H});
+      mat(l, "ffn_up_shexp", {I, H});
+      mat(l, "ffn_down_shexp", {H, I});
+      if (c.shared_expert_gate) f32(l, "ffn_gate_inp_shexp", H);
+    }
   }
   v.push_back({tname::output_norm(), {H}, true});
   if (!c.tie_word_embeddings) v.push_back({tname::output(), {c.vocab_size, H}});
@@ -95,7 +169,7 @@ const TensorView& ColibriFile::tensor(const std::string& name) const {
 }
 
 const ExpertView& ColibriFile::expert(int layer, int expert) const {
-  if (layer < 0 || layer >= config_.num_layers || expert < 0 || expert >= config_.num_experts)
+  if (layer < 0 || layer >= config_.num_moe_layers() || expert < 0 || expert >= config_.num_experts)
     throw Error(Status::InvalidArgument, "expert (" + std::to_string(layer) + ", " + std::to_string(expert) + ") out of range");
   return experts_[static_cast<size_t>(layer) * config_.num_experts + expert];
 }
@@ -200,17 +274,17 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
     f->tensors_.push_back(std::move(t));
   }
 
-  const uint64_t want_experts = static_cast<uint64_t>(c.num_layers) * c.num_experts;
+  const uint64_t want_experts = static_cast<uint64_t>(c.num_moe_layers()) * c.num_experts;
   if (h.expert_count != want_experts)
     bad(path, "expert index has " + std::to_string(h.expert_count) + " entries; the config needs " +
-                  std::to_string(want_experts) + " (" + std::to_string(c.num_layers) + " layers x " +
+                  std::to_string(want_experts) + " (" + std::to_string(c.num_moe_layers()) + " MoE layers x " +
                   std::to_string(c.num_experts) + " experts)");
   f->experts_.resize(want_experts);
   std::vector<bool> seen(want_experts, false);
   for (uint64_t i = 0; i < h.expert_count; ++i) {
     ExpertRecord r;
     std::memcpy(&r, base + h.expert_index_offset + i * kExpertRecordSize, sizeof r);
-    if (r.layer >= c.num_layers || r.expert >= c.num_experts)
+    if (r.layer >= c.num_moe_layers() || r.expert >= c.num_experts)
       bad(path, "expert record " + std::to_string(i) + " names (layer " + std::to_string(r.layer) + ", expert " +
                     std::to_string(r.expert) + "), outside the config");
     const uint64_t slot = static_cast<uint64_t>(r.layer) * c.num_experts + r.expert;
@@ -233,6 +307,11 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
     e.gate = e.block + r.gate_offset;
     e.up = e.block + r.up_offset;
     e.down = e.block + r.down_offset;
+    if (lay.has_bias) {
+      e.gate_bias = reinterpret_cast<const float*>(e.block + lay.gate_bias_offset);
+      e.up_bias = reinterpret_cast<const float*>(e.block + lay.up_bias_offset);
+      e.down_bias = reinterpret_cast<const float*>(e.block + lay.down_bias_offset);
+    }
     e.offset = r.offset;
     e.size = r.size;
     e.checksum = r.checksum;
@@ -294,14 +373,15 @@ ColibriWriter::ColibriWriter(const std::string& path, const ModelConfig& config,
                              DType expert_dtype)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
-  config.validate();
   m.path = path;
   m.tmp = path + ".tmp";
   m.config = config;
+  m.config.fill_defaults();
+  m.config.validate();
   m.dense = dense;
   m.expert_dtype = expert_dtype;
-  m.layout = expert_layout(config, expert_dtype);
-  m.config_text = config.to_json().dump(2);
+  m.layout = expert_layout(m.config, expert_dtype);
+  m.config_text = m.config.to_json().dump(2);
 
   FileHeader& h = m.header;
   std::memcpy(h.magic, kColibriMagic, 8);
@@ -313,7 +393,7 @@ ColibriWriter::ColibriWriter(const std::string& path, const ModelConfig& config,
   h.tensor_dir_offset = align_up(h.config_offset + h.config_size, 8);
   h.tensor_count = dense.size();
   h.expert_index_offset = h.tensor_dir_offset + h.tensor_count * kTensorRecordSize;
-  h.expert_count = static_cast<uint64_t>(config.num_layers) * config.num_experts;
+  h.expert_count = static_cast<uint64_t>(config.num_moe_layers()) * config.num_experts;
   h.data_offset = align_up(h.expert_index_offset + h.expert_count * kExpertRecordSize, kBlockAlign);
 
   uint64_t off = h.data_offset;
@@ -334,7 +414,7 @@ ColibriWriter::ColibriWriter(const std::string& path, const ModelConfig& config,
     off = align_up(off + n, kBlockAlign);
     m.tensor_records.push_back(r);
   }
-  for (int l = 0; l < config.num_layers; ++l)
+  for (int l = 0; l < config.num_moe_layers(); ++l)
     for (int e = 0; e < config.num_experts; ++e) {
       ExpertRecord r{};
       r.layer = static_cast<uint32_t>(l);
@@ -386,7 +466,7 @@ void ColibriWriter::write_dense(size_t i, const void* data, size_t nbytes) {
 
 void ColibriWriter::write_expert(int layer, int expert, const void* block, size_t nbytes) {
   Impl& m = *impl_;
-  if (layer < 0 || layer >= m.config.num_layers || expert < 0 || expert >= m.config.num_experts)
+  if (layer < 0 || layer >= m.config.num_moe_layers() || expert < 0 || expert >= m.config.num_experts)
     throw Error(Status::Internal, "write_expert: index out of range");
   size_t slot = static_cast<size_t>(layer) * m.config.num_experts + expert;
   ExpertRecord& r = m.expert_records[slot];

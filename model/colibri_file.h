@@ -54,7 +54,7 @@ struct TensorRecord {
 static_assert(sizeof(TensorRecord) == kTensorRecordSize);
 
 struct ExpertRecord {
-  uint32_t layer;
+  uint32_t layer;  // the MoE layer's index among the MoE layers (ModelConfig::moe_index)
   uint32_t expert;
   uint64_t offset;
   uint64_t size;
@@ -84,8 +84,15 @@ struct ExpertView {
   const void* gate = nullptr;  // [intermediate, hidden]
   const void* up = nullptr;    // [intermediate, hidden]
   const void* down = nullptr;  // [hidden, intermediate]
+  // f32 biases (ModelConfig::expert_bias), null otherwise.
+  const float* gate_bias = nullptr;  // [intermediate]
+  const float* up_bias = nullptr;    // [intermediate]
+  const float* down_bias = nullptr;  // [hidden]
   uint64_t offset = 0, size = 0, checksum = 0;
 };
+
+// The same expert's view with its block at `block` instead (a cache slot).
+ExpertView rebase(const ExpertView& e, const uint8_t* block);
 
 uint64_t checksum64(const void* data, size_t n);
 
@@ -97,9 +104,13 @@ std::string output();
 std::string layer(int l, const char* what);  // "blk.{l}.{what}"
 }  // namespace tname
 
-// Byte layout of one expert block for a config and dtype.
+// Byte layout of one expert block for a config and dtype: gate, up, down in
+// the expert dtype, then (with expert_bias) f32 gate, up and down biases, each
+// part 64-byte aligned.
 struct ExpertLayout {
   uint64_t gate_offset, up_offset, down_offset, size;
+  bool has_bias = false;
+  uint64_t gate_bias_offset = 0, up_bias_offset = 0, down_bias_offset = 0;
 };
 ExpertLayout expert_layout(const ModelConfig& c, DType dtype);
 
@@ -107,7 +118,7 @@ ExpertLayout expert_layout(const ModelConfig& c, DType dtype);
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
-  bool is_norm = false;  // 1-D norm weights are always stored f32
+  bool is_norm = false;  // norms, biases, sinks and score biases are always stored f32
 };
 std::vector<TensorSpec> dense_tensor_specs(const ModelConfig& c);
 
@@ -129,6 +140,7 @@ class ColibriFile {
   const TensorView* find(const std::string& name) const;
   const TensorView& tensor(const std::string& name) const;  // throws Error(Format)
   // Unverified view of an expert block (the worker's store verifies it).
+  // `layer` is the MoE layer index (ModelConfig::moe_index), not the layer number.
   const ExpertView& expert(int layer, int expert) const;
   const std::vector<ExpertView>& experts() const { return experts_; }
   DType expert_dtype() const { return experts_.front().dtype; }

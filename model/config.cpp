@@ -13,7 +13,9 @@ namespace colibri {
 using nlohmann::json;
 
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> archs = {"MixtralForCausalLM"};
+  static const std::vector<std::string> archs = {"MixtralForCausalLM",    "Qwen2MoeForCausalLM",   "Qwen3MoeForCausalLM",
+                                                 "OlmoeForCausalLM",      "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+                                                 "Glm4MoeForCausalLM",    "GptOssForCausalLM"};
   return archs;
 }
 
@@ -64,8 +66,70 @@ int64_t token_id(const json& j, const char* key) {
 
 }  // namespace
 
+
+namespace {
+
+const char* kWhat = "config.json";
+
+[[noreturn]] void unsupported(const std::string& arch, const std::string& msg) {
+  throw Error(Status::Unsupported, "config.json (" + arch + "): " + msg);
+}
+
+// The Hugging Face architecture name -> our family name.
+std::string family_of(const std::string& hf_arch) {
+  static const std::pair<const char*, const char*> map[] = {
+      {"MixtralForCausalLM", "mixtral"},         {"Qwen2MoeForCausalLM", "qwen2_moe"},
+      {"Qwen3MoeForCausalLM", "qwen3_moe"},      {"OlmoeForCausalLM", "olmoe"},
+      {"DeepseekV2ForCausalLM", "deepseek_v2"},  {"DeepseekV3ForCausalLM", "deepseek_v3"},
+      {"Glm4MoeForCausalLM", "glm4_moe"},        {"GptOssForCausalLM", "gpt_oss"},
+  };
+  for (const auto& [a, f] : map)
+    if (hf_arch == a || hf_arch == f) return f;
+  return "";
+}
+
+const std::vector<std::string>& families() {
+  static const std::vector<std::string> f = {"mixtral",     "qwen2_moe",   "qwen3_moe", "olmoe",
+                                             "deepseek_v2", "deepseek_v3", "glm4_moe",  "gpt_oss"};
+  return f;
+}
+
+double yarn_get_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+// rope_parameters (transformers 5) merged over rope_scaling (older configs).
+json rope_params(const json& hf) {
+  json rp = json::object();
+  if (hf.contains("rope_scaling") && hf["rope_scaling"].is_object()) rp = hf["rope_scaling"];
+  if (hf.contains("rope_parameters") && hf["rope_parameters"].is_object())
+    for (auto it = hf["rope_parameters"].begin(); it != hf["rope_parameters"].end(); ++it) rp[it.key()] = it.value();
+  return rp;
+}
+
+int64_t first_present(const json& hf, std::initializer_list<const char*> keys, const char* what) {
+  for (const char* k : keys)
+    if (hf.contains(k) && !hf[k].is_null()) return get_value<int64_t>(hf[k], k, what);
+  throw Error(Status::Format, std::string(what) + ": missing required field '" + *keys.begin() + "'");
+}
+
+}  // namespace
+
+void ModelConfig::fill_defaults() {
+  if (layer_windows.empty() && num_layers > 0 && num_layers <= 4096)
+    layer_windows.assign(static_cast<size_t>(num_layers), sliding_window);
+  if (moe_layers.empty() && num_layers > 0 && num_layers <= 4096)
+    for (int64_t l = 0; l < num_layers; ++l) moe_layers.push_back(l);
+  if (rope_dim == 0) rope_dim = head_dim;
+  if (attn_scale == 0 && head_dim > 0) attn_scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+int ModelConfig::moe_index(int64_t layer) const {
+  if (moe_layers.empty()) return layer >= 0 && layer < num_layers ? static_cast<int>(layer) : -1;
+  auto it = std::lower_bound(moe_layers.begin(), moe_layers.end(), layer);
+  return it != moe_layers.end() && *it == layer ? static_cast<int>(it - moe_layers.begin()) : -1;
+}
+
 ModelConfig ModelConfig::from_hf(const json& hf) {
-  const char* what = "config.json";
+  const char* what = kWhat;
   if (!hf.is_object()) throw Error(Status::Format, "config.json: not a JSON object");
   std::string arch;
   if (hf.contains("architectures") && hf["architectures"].is_array() && !hf["architectures"].empty() &&
@@ -73,45 +137,239 @@ ModelConfig ModelConfig::from_hf(const json& hf) {
     arch = hf["architectures"][0].get<std::string>();
   else
     arch = get_or<std::string>(hf, "model_type", "", what);
-  const auto& sup = supported_architectures();
-  if (arch == "mixtral") arch = "MixtralForCausalLM";
-  if (std::find(sup.begin(), sup.end(), arch) == sup.end())
-    throw Error(Status::Unsupported, "unsupported architecture '" + (arch.empty() ? std::string("(none)") : arch) +
-                                         "'; supported: " + join(sup));
+  const std::string fam = family_of(arch);
+  if (fam.empty())
+    throw Error(Status::Unsupported, "config.json: field 'architectures': unsupported architecture '" +
+                                         (arch.empty() ? std::string("(none)") : arch) +
+                                         "'; supported: " + join(supported_architectures()));
+  const bool mixtral = fam == "mixtral", qwen2 = fam == "qwen2_moe", qwen3 = fam == "qwen3_moe", olmoe = fam == "olmoe",
+             dsv2 = fam == "deepseek_v2", dsv3 = fam == "deepseek_v3", glm = fam == "glm4_moe", oss = fam == "gpt_oss";
+  const bool deepseek = dsv2 || dsv3;
 
   ModelConfig c;
-  c.architecture = "mixtral";
+  c.architecture = fam;
   c.vocab_size = get_required<int64_t>(hf, "vocab_size", what);
   c.hidden_size = get_required<int64_t>(hf, "hidden_size", what);
-  c.intermediate_size = get_required<int64_t>(hf, "intermediate_size", what);
   c.num_layers = get_required<int64_t>(hf, "num_hidden_layers", what);
   c.num_heads = get_required<int64_t>(hf, "num_attention_heads", what);
   c.num_kv_heads = get_or<int64_t>(hf, "num_key_value_heads", c.num_heads, what);
   c.head_dim = get_or<int64_t>(hf, "head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0, what);
-  c.num_experts = get_required<int64_t>(hf, "num_local_experts", what);
-  c.experts_per_token = get_required<int64_t>(hf, "num_experts_per_tok", what);
   c.max_position_embeddings = get_or<int64_t>(hf, "max_position_embeddings", 4096, what);
-  c.sliding_window = get_or<int64_t>(hf, "sliding_window", 0, what);
-  c.rope_theta = get_or<double>(hf, "rope_theta", 1e6, what);
-  if (hf.contains("rope_parameters") && hf["rope_parameters"].is_object()) {
-    const auto& rp = hf["rope_parameters"];
-    c.rope_theta = get_or<double>(rp, "rope_theta", c.rope_theta, what);
-    std::string type = get_or<std::string>(rp, "rope_type", "default", what);
-    if (type != "default") throw Error(Status::Unsupported, "config.json: rope_type '" + type + "' is not supported for Mixtral");
-  }
-  if (hf.contains("rope_scaling") && !hf["rope_scaling"].is_null()) {
-    std::string type = get_or<std::string>(hf["rope_scaling"], "rope_type",
-                                           get_or<std::string>(hf["rope_scaling"], "type", "default", what), what);
-    if (type != "default") throw Error(Status::Unsupported, "config.json: rope_scaling '" + type + "' is not supported for Mixtral");
-  }
-  c.rms_norm_eps = get_or<double>(hf, "rms_norm_eps", 1e-5, what);
+  c.rms_norm_eps = get_or<double>(hf, "rms_norm_eps", 1e-6, what);
   c.tie_word_embeddings = get_or<bool>(hf, "tie_word_embeddings", false, what);
   c.hidden_act = get_or<std::string>(hf, "hidden_act", "silu", what);
   c.bos_token_id = token_id(hf, "bos_token_id");
   c.eos_token_id = token_id(hf, "eos_token_id");
-  c.routing.scoring = "softmax";
-  c.routing.norm_topk_prob = true;  // Mixtral always renormalises over the k
-  c.routing.routed_scaling_factor = 1.0f;
+  if (c.eos_token_id >= c.vocab_size) c.eos_token_id = -1;  // NOTE: HF defaults may name ids outside a tiny vocabulary
+  if (c.bos_token_id >= c.vocab_size) c.bos_token_id = -1;
+  if (c.hidden_act != "silu") unsupported(fam, "field 'hidden_act': '" + c.hidden_act + "' is not supported (supported: silu)");
+  if (hf.contains("quantization_config") && hf["quantization_config"].is_object()) {
+    std::string q = get_or<std::string>(hf["quantization_config"], "quant_method", "", what);
+    if (!(oss && q == "mxfp4"))
+      unsupported(fam, "field 'quantization_config.quant_method': '" + q +
+                           "' checkpoints are not supported (only gpt-oss MXFP4 experts are read)");
+  }
+
+  // Experts and the dense/MoE layer pattern.
+  c.num_experts = first_present(hf, {"num_local_experts", "num_experts", "n_routed_experts"}, what);
+  if (deepseek || glm) c.num_experts = first_present(hf, {"n_routed_experts", "num_local_experts"}, what);
+  c.experts_per_token = get_required<int64_t>(hf, "num_experts_per_tok", what);
+  const int64_t inter = get_or<int64_t>(hf, "intermediate_size", 0, what);
+  if (mixtral || olmoe || oss) {
+    c.intermediate_size = get_required<int64_t>(hf, "intermediate_size", what);
+  } else {
+    c.intermediate_size = get_required<int64_t>(hf, "moe_intermediate_size", what);
+    c.dense_intermediate_size = inter;
+  }
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    bool moe = true;
+    if (qwen2 || qwen3) {
+      const int64_t step = get_or<int64_t>(hf, "decoder_sparse_step", 1, what);
+      if (step < 1) throw Error(Status::Format, "config.json: field 'decoder_sparse_step' must be >= 1");
+      bool only = false;
+      if (hf.contains("mlp_only_layers") && hf["mlp_only_layers"].is_array())
+        for (const auto& v : hf["mlp_only_layers"]) only |= v.is_number_integer() && v.get<int64_t>() == l;
+      moe = !only && c.num_experts > 0 && (l + 1) % step == 0;
+    } else if (deepseek || glm) {
+      moe = l >= get_or<int64_t>(hf, "first_k_dense_replace", 0, what);
+      if (get_or<int64_t>(hf, "moe_layer_freq", 1, what) != 1)
+        unsupported(fam, "field 'moe_layer_freq' other than 1 is not supported");
+    }
+    if (moe) c.moe_layers.push_back(l);
+  }
+  if (c.moe_layers.size() < static_cast<size_t>(c.num_layers) && c.dense_intermediate_size <= 0)
+    throw Error(Status::Format, "config.json: field 'intermediate_size' (the dense layers' MLP) is missing");
+  if (qwen2) {
+    c.shared_intermediate_size = get_or<int64_t>(hf, "shared_expert_intermediate_size", 0, what);
+    c.shared_expert_gate = c.shared_intermediate_size > 0;
+  }
+  if (deepseek || glm) c.shared_intermediate_size = get_or<int64_t>(hf, "n_shared_experts", 0, what) * c.intermediate_size;
+  if (dsv2 && get_or<bool>(hf, "mlp_bias", false, what)) unsupported(fam, "field 'mlp_bias': true is not supported");
+
+  // Routing.
+  RoutingConfig& r = c.routing;
+  if (mixtral) {
+    r.norm_topk_prob = true;  // Mixtral always renormalises over the k
+  } else if (qwen2 || qwen3 || olmoe) {
+    r.norm_topk_prob = get_or<bool>(hf, "norm_topk_prob", false, what);
+  } else if (dsv2) {
+    // NOTE: transformers' DeepseekV2TopkRouter ignores norm_topk_prob; so do we.
+    r.norm_topk_prob = false;
+    r.routed_scaling_factor = get_or<float>(hf, "routed_scaling_factor", 1.0f, what);
+    const std::string m = get_or<std::string>(hf, "topk_method", "greedy", what);
+    if (m == "group_limited_greedy") {
+      r.group_select = "max";
+      r.n_group = get_required<int64_t>(hf, "n_group", what);
+      r.topk_group = get_required<int64_t>(hf, "topk_group", what);
+    } else if (m != "greedy") {
+      unsupported(fam, "field 'topk_method': '" + m + "' is not supported (supported: greedy, group_limited_greedy)");
+    }
+  } else if (dsv3 || glm) {
+    r.scoring = "sigmoid";
+    r.group_select = "top2_sum";
+    r.score_bias = true;
+    r.n_group = get_or<int64_t>(hf, "n_group", 1, what);
+    r.topk_group = get_or<int64_t>(hf, "topk_group", 1, what);
+    r.norm_topk_prob = get_or<bool>(hf, "norm_topk_prob", true, what);
+    r.routed_scaling_factor = get_or<float>(hf, "routed_scaling_factor", 1.0f, what);
+    if (dsv3 && hf.contains("topk_method") && get_or<std::string>(hf, "topk_method", "noaux_tc", what) != "noaux_tc")
+      unsupported(fam, "field 'topk_method': '" + hf["topk_method"].get<std::string>() + "' (supported: noaux_tc)");
+    if (hf.contains("scoring_func") && get_or<std::string>(hf, "scoring_func", "sigmoid", what) != "sigmoid")
+      unsupported(fam, "field 'scoring_func': '" + hf["scoring_func"].get<std::string>() + "' (supported: sigmoid)");
+  } else if (oss) {
+    r.scoring = "topk_softmax";
+    r.router_bias = true;
+    r.norm_topk_prob = false;  // the softmax over the k sums to one already
+  }
+
+  // Attention.
+  if (qwen2) c.qkv_bias = get_or<bool>(hf, "qkv_bias", true, what);
+  if (qwen3 || olmoe || oss) c.qkv_bias = c.o_bias = get_or<bool>(hf, "attention_bias", oss, what);
+  if (glm) c.qkv_bias = get_or<bool>(hf, "attention_bias", false, what);
+  if (deepseek && get_or<bool>(hf, "attention_bias", false, what))
+    unsupported(fam, "field 'attention_bias': true is not supported for multi-head latent attention");
+  if (qwen3 || (glm && get_or<bool>(hf, "use_qk_norm", false, what))) c.qk_norm = "head";
+  if (olmoe) {
+    c.qk_norm = "full";
+    c.clip_qkv = get_or<double>(hf, "clip_qkv", 0.0, what);
+    if (c.clip_qkv < 0) throw Error(Status::Format, "config.json: field 'clip_qkv' must be positive");
+  }
+  c.attn_sinks = oss;
+  if (deepseek) {
+    c.attention = "mla";
+    c.q_lora_rank = get_or<int64_t>(hf, "q_lora_rank", 0, what);
+    c.kv_lora_rank = get_required<int64_t>(hf, "kv_lora_rank", what);
+    c.qk_nope_head_dim = get_required<int64_t>(hf, "qk_nope_head_dim", what);
+    c.qk_rope_head_dim = get_required<int64_t>(hf, "qk_rope_head_dim", what);
+    c.v_head_dim = get_required<int64_t>(hf, "v_head_dim", what);
+    c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    c.num_kv_heads = c.num_heads;  // the latent is shared; every head has its own K and V
+    c.rope_dim = c.qk_rope_head_dim;
+    c.rope_interleaved = dsv2 || get_or<bool>(hf, "rope_interleave", true, what);
+  }
+
+  // Sliding windows per layer.
+  {
+    int64_t win = 0;
+    std::vector<bool> sliding(static_cast<size_t>(c.num_layers), false);
+    if (mixtral) {
+      win = get_or<int64_t>(hf, "sliding_window", 0, what);
+      sliding.assign(sliding.size(), win > 0);
+    } else if (qwen3) {
+      win = get_or<bool>(hf, "use_sliding_window", false, what) ? get_or<int64_t>(hf, "sliding_window", 0, what) : 0;
+      sliding.assign(sliding.size(), win > 0);
+    } else if (qwen2 || oss) {
+      const bool use = oss || get_or<bool>(hf, "use_sliding_window", false, what);
+      win = use ? get_or<int64_t>(hf, "sliding_window", 0, what) : 0;
+      if (hf.contains("layer_types") && hf["layer_types"].is_array()) {
+        if (hf["layer_types"].size() != static_cast<size_t>(c.num_layers))
+          throw Error(Status::Format, "config.json: field 'layer_types' has " + std::to_string(hf["layer_types"].size()) +
+                                          " entries for " + std::to_string(c.num_layers) + " layers");
+        for (size_t l = 0; l < sliding.size(); ++l) {
+          const json& t = hf["layer_types"][l];
+          std::string s = t.is_string() ? t.get<std::string>() : "";
+          if (s != "sliding_attention" && s != "full_attention")
+            unsupported(fam, "field 'layer_types': '" + (t.is_string() ? s : t.dump()) + "' is not supported");
+          sliding[l] = s == "sliding_attention";
+        }
+      } else {
+        const int64_t max_window_layers = get_or<int64_t>(hf, "max_window_layers", c.num_layers, what);
+        for (int64_t l = 0; l < c.num_layers; ++l)
+          sliding[static_cast<size_t>(l)] = oss ? (l + 1) % 2 == 1 : (use && (l + 1) % 2 == 1 && l < max_window_layers);
+      }
+      for (size_t l = 0; l < sliding.size(); ++l)
+        if (sliding[l] && win <= 0)
+          throw Error(Status::Format, "config.json: layer " + std::to_string(l) +
+                                          " slides but field 'sliding_window' is not a positive number");
+    } else if (hf.contains("sliding_window") && !hf["sliding_window"].is_null() &&
+               get_or<int64_t>(hf, "sliding_window", 0, what) > 0 && get_or<bool>(hf, "use_sliding_window", false, what)) {
+      unsupported(fam, "field 'sliding_window' is not supported for this family");
+    }
+    c.sliding_window = win;
+    c.layer_windows.assign(static_cast<size_t>(c.num_layers), 0);
+    for (size_t l = 0; l < sliding.size(); ++l) c.layer_windows[l] = sliding[l] ? win : 0;
+  }
+
+  // Rotary embedding.
+  const json rp = rope_params(hf);
+  c.rope_theta = get_or<double>(rp, "rope_theta", get_or<double>(hf, "rope_theta", 10000.0, what), what);
+  if (!c.rope_dim) {
+    const double partial = get_or<double>(rp, "partial_rotary_factor", get_or<double>(hf, "partial_rotary_factor", 1.0, what), what);
+    if (!(partial > 0 && partial <= 1)) throw Error(Status::Format, "config.json: field 'partial_rotary_factor' must be in (0, 1]");
+    c.rope_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
+  }
+  // NOTE: the type may sit in rope_scaling ("type" or "rope_type", older
+  // configs) and in rope_parameters (transformers 5); they must not disagree.
+  auto type_of = [&](const char* key) -> std::string {
+    if (!hf.contains(key) || !hf[key].is_object()) return "default";
+    const json& o = hf[key];
+    return get_or<std::string>(o, "rope_type", get_or<std::string>(o, "type", "default", what), what);
+  };
+  const std::string t_scaling = type_of("rope_scaling"), t_params = type_of("rope_parameters");
+  if (t_scaling != "default" && t_params != "default" && t_scaling != t_params)
+    throw Error(Status::Format, "config.json: fields 'rope_scaling.type' ('" + t_scaling +
+                                    "') and 'rope_parameters.rope_type' ('" + t_params + "') disagree");
+  const std::string rope_type = t_scaling != "default" ? t_scaling : t_params;
+  if (rope_type == "yarn") {
+    RopeScaling& y = c.rope_scaling;
+    y.type = "yarn";
+    y.original_max_position_embeddings =
+        get_or<int64_t>(rp, "original_max_position_embeddings", c.max_position_embeddings, what);
+    y.factor = get_or<double>(rp, "factor", 0.0, what);
+    if (y.factor == 0.0 && y.original_max_position_embeddings > 0)
+      y.factor = static_cast<double>(c.max_position_embeddings) / static_cast<double>(y.original_max_position_embeddings);
+    y.beta_fast = get_or<double>(rp, "beta_fast", 32.0, what);
+    y.beta_slow = get_or<double>(rp, "beta_slow", 1.0, what);
+    if (y.beta_fast == 0) y.beta_fast = 32.0;  // NOTE: transformers: `get("beta_fast") or 32`
+    if (y.beta_slow == 0) y.beta_slow = 1.0;
+    y.mscale = get_or<double>(rp, "mscale", 0.0, what);
+    y.mscale_all_dim = get_or<double>(rp, "mscale_all_dim", 0.0, what);
+    y.truncate = get_or<bool>(rp, "truncate", true, what);
+    if (!(y.factor > 0 && std::isfinite(y.factor)))
+      throw Error(Status::Format, "config.json: field 'rope_parameters.factor' must be a positive number");
+    if (rp.contains("attention_factor") && !rp["attention_factor"].is_null())
+      y.attention_factor = get_value<double>(rp["attention_factor"], "attention_factor", what);
+    else if (y.mscale != 0 && y.mscale_all_dim != 0)
+      y.attention_factor = yarn_get_mscale(y.factor, y.mscale) / yarn_get_mscale(y.factor, y.mscale_all_dim);
+    else
+      y.attention_factor = yarn_get_mscale(y.factor, 1.0);
+  } else if (rope_type != "default") {
+    unsupported(fam, "field 'rope_parameters.rope_type' (or 'rope_scaling.type'): '" + rope_type +
+                         "' is not supported (supported: default, yarn)");
+  }
+  // Softmax scale: 1/sqrt(d); MLA also multiplies by YaRN's mscale(all_dim)^2.
+  c.attn_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  if (deepseek && c.rope_scaling.type != "none" && c.rope_scaling.mscale_all_dim != 0) {
+    const double m = yarn_get_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
+    c.attn_scale *= m * m;
+  }
+  if (oss) {
+    c.expert_act = "swiglu_oai";
+    c.expert_bias = true;
+    c.swiglu_alpha = get_or<double>(hf, "swiglu_alpha", 1.702, what);
+    c.swiglu_limit = get_or<double>(hf, "swiglu_limit", 7.0, what);
+  }
+  c.fill_defaults();
   c.validate();
   return c;
 }
@@ -138,10 +396,63 @@ json ModelConfig::to_json() const {
       {"eos_token_id", eos_token_id},
       {"routing",
        {{"scoring", routing.scoring},
+        {"group_select", routing.group_select},
+        {"n_group", routing.n_group},
+        {"topk_group", routing.topk_group},
+        {"score_bias", routing.score_bias},
+        {"router_bias", routing.router_bias},
         {"norm_topk_prob", routing.norm_topk_prob},
         {"routed_scaling_factor", routing.routed_scaling_factor}}},
+      {"attention", attention},
+      {"qkv_bias", qkv_bias},
+      {"o_bias", o_bias},
+      {"qk_norm", qk_norm},
+      {"clip_qkv", clip_qkv},
+      {"attn_sinks", attn_sinks},
+      {"layer_windows", layer_windows},
+      {"attn_scale", attn_scale},
+      {"rope_dim", rope_dim},
+      {"rope_interleaved", rope_interleaved},
+      {"rope_scaling",
+       {{"type", rope_scaling.type},
+        {"factor", rope_scaling.factor},
+        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings},
+        {"beta_fast", rope_scaling.beta_fast},
+        {"beta_slow", rope_scaling.beta_slow},
+        {"mscale", rope_scaling.mscale},
+        {"mscale_all_dim", rope_scaling.mscale_all_dim},
+        {"truncate", rope_scaling.truncate},
+        {"attention_factor", rope_scaling.attention_factor}}},
+      {"q_lora_rank", q_lora_rank},
+      {"kv_lora_rank", kv_lora_rank},
+      {"qk_nope_head_dim", qk_nope_head_dim},
+      {"qk_rope_head_dim", qk_rope_head_dim},
+      {"v_head_dim", v_head_dim},
+      {"moe_layers", moe_layers},
+      {"dense_intermediate_size", dense_intermediate_size},
+      {"shared_intermediate_size", shared_intermediate_size},
+      {"shared_expert_gate", shared_expert_gate},
+      {"expert_act", expert_act},
+      {"swiglu_alpha", swiglu_alpha},
+      {"swiglu_limit", swiglu_limit},
+      {"expert_bias", expert_bias},
   };
 }
+
+namespace {
+std::vector<int64_t> get_int_list(const json& j, const char* key, const char* what, size_t max_len) {
+  if (!j.contains(key) || !j[key].is_array())
+    throw Error(Status::Format, std::string(what) + ": missing required array '" + key + "'");
+  const json& a = j[key];
+  if (a.size() > max_len)
+    throw Error(Status::Format, std::string(what) + ": '" + key + "' has " + std::to_string(a.size()) + " entries, more than " +
+                                    std::to_string(max_len));
+  std::vector<int64_t> v;
+  v.reserve(a.size());
+  for (const auto& x : a) v.push_back(get_value<int64_t>(x, key, what));
+  return v;
+}
+}  // namespace
 
 ModelConfig ModelConfig::from_json(const json& j) {
   const char* what = "model config";
@@ -169,8 +480,53 @@ ModelConfig ModelConfig::from_json(const json& j) {
     throw Error(Status::Format, "model config: missing required object 'routing'");
   const auto& r = j["routing"];
   c.routing.scoring = get_required<std::string>(r, "scoring", what);
+  // NOTE: the fields below came with the families beyond Mixtral; files written
+  // before them (all Mixtral) omit them and get Mixtral's values.
+  c.routing.group_select = get_or<std::string>(r, "group_select", "none", what);
+  c.routing.n_group = get_or<int64_t>(r, "n_group", 1, what);
+  c.routing.topk_group = get_or<int64_t>(r, "topk_group", 1, what);
+  c.routing.score_bias = get_or<bool>(r, "score_bias", false, what);
+  c.routing.router_bias = get_or<bool>(r, "router_bias", false, what);
   c.routing.norm_topk_prob = get_required<bool>(r, "norm_topk_prob", what);
   c.routing.routed_scaling_factor = get_required<float>(r, "routed_scaling_factor", what);
+  c.attention = get_or<std::string>(j, "attention", "gqa", what);
+  c.qkv_bias = get_or<bool>(j, "qkv_bias", false, what);
+  c.o_bias = get_or<bool>(j, "o_bias", false, what);
+  c.qk_norm = get_or<std::string>(j, "qk_norm", "none", what);
+  c.clip_qkv = get_or<double>(j, "clip_qkv", 0.0, what);
+  c.attn_sinks = get_or<bool>(j, "attn_sinks", false, what);
+  c.attn_scale = get_or<double>(j, "attn_scale", 0.0, what);
+  c.rope_dim = get_or<int64_t>(j, "rope_dim", 0, what);
+  c.rope_interleaved = get_or<bool>(j, "rope_interleaved", false, what);
+  if (j.contains("rope_scaling")) {
+    if (!j["rope_scaling"].is_object()) throw Error(Status::Format, "model config: 'rope_scaling' is not an object");
+    const auto& y = j["rope_scaling"];
+    c.rope_scaling.type = get_required<std::string>(y, "type", what);
+    c.rope_scaling.factor = get_required<double>(y, "factor", what);
+    c.rope_scaling.original_max_position_embeddings = get_required<int64_t>(y, "original_max_position_embeddings", what);
+    c.rope_scaling.beta_fast = get_required<double>(y, "beta_fast", what);
+    c.rope_scaling.beta_slow = get_required<double>(y, "beta_slow", what);
+    c.rope_scaling.mscale = get_required<double>(y, "mscale", what);
+    c.rope_scaling.mscale_all_dim = get_required<double>(y, "mscale_all_dim", what);
+    c.rope_scaling.truncate = get_required<bool>(y, "truncate", what);
+    c.rope_scaling.attention_factor = get_required<double>(y, "attention_factor", what);
+  }
+  c.q_lora_rank = get_or<int64_t>(j, "q_lora_rank", 0, what);
+  c.kv_lora_rank = get_or<int64_t>(j, "kv_lora_rank", 0, what);
+  c.qk_nope_head_dim = get_or<int64_t>(j, "qk_nope_head_dim", 0, what);
+  c.qk_rope_head_dim = get_or<int64_t>(j, "qk_rope_head_dim", 0, what);
+  c.v_head_dim = get_or<int64_t>(j, "v_head_dim", 0, what);
+  c.dense_intermediate_size = get_or<int64_t>(j, "dense_intermediate_size", 0, what);
+  c.shared_intermediate_size = get_or<int64_t>(j, "shared_intermediate_size", 0, what);
+  c.shared_expert_gate = get_or<bool>(j, "shared_expert_gate", false, what);
+  c.expert_act = get_or<std::string>(j, "expert_act", "silu", what);
+  c.swiglu_alpha = get_or<double>(j, "swiglu_alpha", 1.702, what);
+  c.swiglu_limit = get_or<double>(j, "swiglu_limit", 7.0, what);
+  c.expert_bias = get_or<bool>(j, "expert_bias", false, what);
+  // NOTE: bounded before validate() so a hostile file cannot make us allocate GBs.
+  if (j.contains("layer_windows")) c.layer_windows = get_int_list(j, "layer_windows", what, 4096);
+  if (j.contains("moe_layers")) c.moe_layers = get_int_list(j, "moe_layers", what, 4096);
+  c.fill_defaults();
   c.validate();
   return c;
 }
@@ -186,7 +542,17 @@ void ModelConfig::validate() const {
     check(v >= lo && v <= hi, std::string(name) + " = " + std::to_string(v) + " is outside [" + std::to_string(lo) +
                                    ", " + std::to_string(hi) + "]");
   };
-  check(architecture == "mixtral", "architecture '" + architecture + "' is not supported (supported: mixtral)");
+  auto one_of = [&](const std::string& v, std::initializer_list<const char*> ok, const char* name) {
+    std::string list;
+    for (const char* o : ok) {
+      if (v == o) return;
+      list += (list.empty() ? "" : ", ") + std::string(o);
+    }
+    check(false, std::string(name) + " '" + v + "' is not supported (supported: " + list + ")");
+  };
+  const auto& fams = families();
+  check(std::find(fams.begin(), fams.end(), architecture) != fams.end(),
+        "architecture '" + architecture + "' is not supported (supported: " + join(fams) + ")");
   in_range(vocab_size, 1, 1 << 24, "vocab_size");
   in_range(hidden_size, 1, kMaxDim, "hidden_size");
   in_range(intermediate_size, 1, kMaxDim, "intermediate_size");
@@ -196,7 +562,6 @@ void ModelConfig::validate() const {
   check(num_heads % num_kv_heads == 0, "num_heads (" + std::to_string(num_heads) +
                                            ") is not a multiple of num_kv_heads (" + std::to_string(num_kv_heads) + ")");
   in_range(head_dim, 2, 4096, "head_dim");
-  check(head_dim % 2 == 0, "head_dim must be even for rotary embeddings");
   in_range(num_experts, 1, 65536, "num_experts");
   in_range(experts_per_token, 1, num_experts, "experts_per_token");
   in_range(max_position_embeddings, 1, 1 << 24, "max_position_embeddings");
@@ -206,8 +571,91 @@ void ModelConfig::validate() const {
   check(hidden_act == "silu", "hidden_act '" + hidden_act + "' is not supported (supported: silu)");
   check(std::isfinite(routing.routed_scaling_factor) && routing.routed_scaling_factor > 0,
         "routing.routed_scaling_factor must be a positive finite number");
-  check(routing.scoring == "softmax", "routing.scoring '" + routing.scoring + "' is not supported");
+  one_of(routing.scoring, {"softmax", "sigmoid", "topk_softmax"}, "routing.scoring");
+  one_of(routing.group_select, {"none", "max", "top2_sum"}, "routing.group_select");
+  in_range(routing.n_group, 1, num_experts, "routing.n_group");
+  check(num_experts % routing.n_group == 0, "num_experts is not a multiple of routing.n_group");
+  in_range(routing.topk_group, 1, routing.n_group, "routing.topk_group");
+  if (routing.group_select == "top2_sum") check(num_experts / routing.n_group >= 2, "top2_sum groups need >= 2 experts each");
+  check(routing.group_select == "none" || experts_per_token <= routing.topk_group * (num_experts / routing.n_group),
+        "experts_per_token exceeds the experts in the kept groups");
   check(eos_token_id < vocab_size && bos_token_id < vocab_size, "bos/eos token id outside the vocabulary");
+  one_of(attention, {"gqa", "mla"}, "attention");
+  one_of(qk_norm, {"none", "head", "full"}, "qk_norm");
+  check(std::isfinite(clip_qkv) && clip_qkv >= 0, "clip_qkv must be >= 0");
+  check(std::isfinite(attn_scale) && attn_scale >= 0, "attn_scale must be a positive finite number (0: 1/sqrt(head_dim))");
+  check(layer_windows.empty() || layer_windows.size() == static_cast<size_t>(num_layers), "layer_windows must have num_layers entries");
+  for (int64_t w : layer_windows) in_range(w, 0, 1 << 30, "layer_windows[i]");
+  if (attention == "mla") {
+    in_range(q_lora_rank, 0, kMaxDim, "q_lora_rank");
+    in_range(kv_lora_rank, 1, kMaxDim, "kv_lora_rank");
+    in_range(qk_nope_head_dim, 1, 4096, "qk_nope_head_dim");
+    in_range(qk_rope_head_dim, 2, 4096, "qk_rope_head_dim");
+    in_range(v_head_dim, 1, 4096, "v_head_dim");
+    check(head_dim == qk_nope_head_dim + qk_rope_head_dim, "head_dim must equal qk_nope_head_dim + qk_rope_head_dim");
+    check(rope_dim == qk_rope_head_dim, "rope_dim must equal qk_rope_head_dim");
+    check(num_kv_heads == num_heads, "MLA needs num_kv_heads == num_heads");
+    check(qk_norm == "none" && !qkv_bias && !o_bias && !attn_sinks, "MLA has no q/k norm, biases or sinks");
+  }
+  if (rope_dim != 0 || head_dim % 2 != 0) in_range(rope_dim ? rope_dim : head_dim, 2, head_dim, "rope_dim");
+  check((rope_dim ? rope_dim : head_dim) % 2 == 0, "rope_dim (or head_dim) must be even for rotary embeddings");
+  one_of(rope_scaling.type, {"none", "yarn"}, "rope_scaling.type");
+  if (rope_scaling.type == "yarn") {
+    check(std::isfinite(rope_scaling.factor) && rope_scaling.factor > 0 && rope_scaling.factor < 1e6,
+          "rope_scaling.factor must be positive");
+    in_range(rope_scaling.original_max_position_embeddings, 1, 1 << 24, "rope_scaling.original_max_position_embeddings");
+    check(std::isfinite(rope_scaling.beta_fast) && std::isfinite(rope_scaling.beta_slow) && rope_scaling.beta_fast > 0 &&
+              rope_scaling.beta_slow > 0,
+          "rope_scaling.beta_fast and beta_slow must be positive");
+  }
+  check(std::isfinite(rope_scaling.attention_factor) && rope_scaling.attention_factor > 0 && rope_scaling.attention_factor < 1e3,
+        "rope_scaling.attention_factor must be positive");
+  check(moe_layers.size() <= static_cast<size_t>(num_layers), "moe_layers has more entries than layers");
+  for (size_t i = 0; i < moe_layers.size(); ++i) {
+    in_range(moe_layers[i], 0, num_layers - 1, "moe_layers[i]");
+    check(i == 0 || moe_layers[i] > moe_layers[i - 1], "moe_layers must be strictly ascending");
+  }
+  if (!moe_layers.empty() && moe_layers.size() < static_cast<size_t>(num_layers)) in_range(dense_intermediate_size, 1, kMaxDim, "dense_intermediate_size");
+  else in_range(dense_intermediate_size, 0, kMaxDim, "dense_intermediate_size");
+  in_range(shared_intermediate_size, 0, kMaxDim, "shared_intermediate_size");
+  check(!shared_expert_gate || shared_intermediate_size > 0, "shared_expert_gate needs a shared expert");
+  one_of(expert_act, {"silu", "swiglu_oai"}, "expert_act");
+  check(std::isfinite(swiglu_alpha) && std::isfinite(swiglu_limit) && swiglu_limit > 0, "swiglu_alpha/limit must be finite");
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  // NOTE: f32 arithmetic in the order torch uses, so the angles match bit for bit.
+  const int64_t dim = c.rope_dim, half = dim / 2;
+  std::vector<float> inv(static_cast<size_t>(half));
+  std::vector<float> pos_freqs(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    float ex = static_cast<float>(2 * i) / static_cast<float>(dim);
+    pos_freqs[static_cast<size_t>(i)] = std::pow(static_cast<float>(c.rope_theta), ex);
+    inv[static_cast<size_t>(i)] = 1.0f / pos_freqs[static_cast<size_t>(i)];
+  }
+  if (c.rope_scaling.type != "yarn") return inv;
+  const RopeScaling& y = c.rope_scaling;
+  const double base = c.rope_theta, orig = static_cast<double>(y.original_max_position_embeddings);
+  auto correction_dim = [&](double rot) {
+    return (static_cast<double>(dim) * std::log(orig / (rot * 2 * M_PI))) / (2 * std::log(base));
+  };
+  double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
+  if (y.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  const float flow = static_cast<float>(low), range = static_cast<float>(high - low), ffac = static_cast<float>(y.factor);
+  for (int64_t i = 0; i < half; ++i) {
+    float ramp = std::clamp((static_cast<float>(i) - flow) / range, 0.0f, 1.0f);
+    float extra_factor = 1.0f - ramp;
+    float interp = 1.0f / (ffac * pos_freqs[static_cast<size_t>(i)]);
+    float extrap = inv[static_cast<size_t>(i)];
+    inv[static_cast<size_t>(i)] = interp * (1.0f - extra_factor) + extrap * extra_factor;
+  }
+  return inv;
 }
 
 }  // namespace colibri

@@ -9,27 +9,51 @@
 
 namespace colibri {
 
-// How router logits become (expert, weight) pairs. Mixtral: softmax over all
-// experts in f32, top-k, then renormalise the k weights to sum to one.
+// How router logits become (expert, weight) pairs (see coordinator/router.h):
+//  scoring "softmax":      p = softmax(logits) over all experts; top-k of p
+//                          (Mixtral, Qwen-MoE, OLMoE, DeepSeek-V2)
+//          "sigmoid":      p = sigmoid(logits); selection on p + correction bias,
+//                          weights from p (DeepSeek-V3, GLM-4.5)
+//          "topk_softmax": top-k of the raw logits, softmax over those k (gpt-oss)
+//  group_select "max":      keep the topk_group groups with the largest max score
+//                          (DeepSeek-V2 group_limited_greedy)
+//               "top2_sum": ... with the largest sum of their two best scores (V3)
+//  then optionally renormalise the k weights, then multiply by routed_scaling_factor.
 struct RoutingConfig {
-  std::string scoring = "softmax";  // "softmax": softmax over all experts before top-k
-  bool norm_topk_prob = true;       // renormalise the selected k weights to sum to 1
+  std::string scoring = "softmax";
+  std::string group_select = "none";  // none | max | top2_sum
+  int64_t n_group = 1, topk_group = 1;
+  bool score_bias = false;   // per-layer e_score_correction_bias (selection only)
+  bool router_bias = false;  // the router's linear layer has a bias (gpt-oss)
+  bool norm_topk_prob = true;
   float routed_scaling_factor = 1.0f;
 };
 
+// YaRN (the only rope scaling implemented; "none" otherwise).
+struct RopeScaling {
+  std::string type = "none";  // none | yarn
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0, beta_slow = 1.0;
+  double mscale = 0.0, mscale_all_dim = 0.0;  // 0: absent
+  bool truncate = true;
+  double attention_factor = 1.0;  // multiplies cos and sin (derived at conversion)
+};
+
 struct ModelConfig {
-  std::string architecture;  // "mixtral"
+  // mixtral | qwen2_moe | qwen3_moe | olmoe | deepseek_v2 | deepseek_v3 | glm4_moe | gpt_oss
+  std::string architecture;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;  // per expert
+  int64_t intermediate_size = 0;  // per routed expert
   int64_t num_layers = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;  // MLA: qk_nope_head_dim + qk_rope_head_dim
   int64_t num_experts = 0;
   int64_t experts_per_token = 0;
   int64_t max_position_embeddings = 0;
-  int64_t sliding_window = 0;  // 0: full attention
+  int64_t sliding_window = 0;  // 0: full attention (the window of the layers in layer_windows that slide)
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
@@ -38,8 +62,42 @@ struct ModelConfig {
   int64_t eos_token_id = -1;
   RoutingConfig routing;
 
+  // Attention.
+  std::string attention = "gqa";  // gqa | mla
+  bool qkv_bias = false;          // q, k, v projections have biases
+  bool o_bias = false;            // the output projection has a bias
+  std::string qk_norm = "none";   // none | head (per-head RMSNorm) | full (over all heads, OLMoE)
+  double clip_qkv = 0;            // > 0: clamp q, k, v to [-clip, clip] (OLMoE)
+  bool attn_sinks = false;        // a learned per-head logit in the softmax denominator (gpt-oss)
+  std::vector<int64_t> layer_windows;  // [num_layers] sliding window per layer, 0 = full
+  double attn_scale = 0;          // softmax scale (derived at conversion)
+  int64_t rope_dim = 0;           // rotated dimensions per head (partial rotary; MLA: qk_rope_head_dim)
+  bool rope_interleaved = false;  // rotate pairs (2i, 2i+1) instead of (i, i + d/2) (DeepSeek)
+  RopeScaling rope_scaling;
+  // Multi-head latent attention (DeepSeek-V2/V3).
+  int64_t q_lora_rank = 0;  // 0: a plain q projection
+  int64_t kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+
+  // Feed-forward.
+  std::vector<int64_t> moe_layers;        // the layers with routed experts (ascending); the others are dense MLPs
+  int64_t dense_intermediate_size = 0;    // the dense layers' MLP
+  int64_t shared_intermediate_size = 0;   // 0: no shared expert
+  bool shared_expert_gate = false;        // shared output scaled by sigmoid(x . w) (Qwen2-MoE)
+  std::string expert_act = "silu";        // silu: down(silu(gate) * up); swiglu_oai: gpt-oss clamped SwiGLU
+  double swiglu_alpha = 1.702, swiglu_limit = 7.0;
+  bool expert_bias = false;               // experts' projections have biases (gpt-oss)
+
+  // Index of `layer` among the MoE layers, or -1 for a dense layer. Placement,
+  // routing traces and the expert index count MoE layers by this index.
+  int moe_index(int64_t layer) const;
+  int64_t num_moe_layers() const { return moe_layers.empty() ? num_layers : static_cast<int64_t>(moe_layers.size()); }
+  int64_t window(int64_t layer) const { return layer_windows.empty() ? sliding_window : layer_windows[static_cast<size_t>(layer)]; }
+  // Fills what a hand-made (Mixtral-like) config leaves empty: every layer MoE,
+  // every layer with `sliding_window`, rope over the whole head, 1/sqrt(head_dim).
+  void fill_defaults();
+
   // Parses a Hugging Face config.json. Throws Error(Unsupported) naming the
-  // supported architectures when `architectures` is not one of them.
+  // field (architecture, rope type, routing method...) the engine does not implement.
   static ModelConfig from_hf(const nlohmann::json& hf);
   // The embedded form used in .colibri files (all fields explicit).
   static ModelConfig from_json(const nlohmann::json& j);
@@ -51,5 +109,9 @@ struct ModelConfig {
 
 // The Hugging Face architecture names this build can convert.
 const std::vector<std::string>& supported_architectures();
+
+// Rotary inverse frequencies [rope_dim / 2] in f32, computed as transformers
+// does (default or YaRN).
+std::vector<float> rope_inv_freq(const ModelConfig& c);
 
 }  // namespace colibri

@@ -1,7 +1,8 @@
-// converter.cpp: maps a Hugging Face Mixtral checkpoint's tensors onto the
-// .colibri layout, converting dtypes one tensor at a time.
+// converter.cpp: maps a Hugging Face MoE checkpoint's tensors (every supported
+// family) onto the .colibri layout, converting dtypes one tensor at a time.
 #include "model/converter.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -34,35 +35,151 @@ const SafeTensor& expect(const Checkpoint& ck, const std::string& name, const st
   return t;
 }
 
-// Where each canonical dense tensor comes from in a Mixtral checkpoint.
-std::string hf_dense_name(const Checkpoint& ck, const std::string& canon) {
-  if (canon == tname::token_embd()) return "model.embed_tokens.weight";
-  if (canon == tname::output_norm()) return "model.norm.weight";
-  if (canon == tname::output()) return "lm_head.weight";
+const SafeTensor& expect_u8(const Checkpoint& ck, const std::string& name, const std::vector<int64_t>& shape) {
+  const SafeTensor& t = ck.get(name);
+  if (t.dtype_name != "U8")
+    throw Error(Status::Format, "MXFP4 tensor '" + name + "' has dtype " + t.dtype_name + ", expected U8");
+  if (t.shape != shape)
+    throw Error(Status::Format, "tensor '" + name + "' has shape " + shape_str(t.shape) + ", expected " + shape_str(shape));
+  return t;
+}
+
+// n elements of t from element `first`, as f32.
+void read_f32(const SafeTensor& t, size_t first, size_t n, float* out) {
+  convert_elements(t.data + first * dtype_size(*t.dtype), *t.dtype, out, DType::F32, n);
+}
+
+// How one canonical dense tensor is made from the checkpoint.
+struct DenseSource {
+  enum Kind { Direct, KvbK, KvbV } kind = Direct;
+  std::string name;  // HF tensor
+};
+
+DenseSource dense_source_no_ck(const ModelConfig& c, const std::string& canon);
+
+// Where each canonical dense tensor comes from.
+DenseSource dense_source(const Checkpoint& ck, const ModelConfig& c, const std::string& canon) {
+  if (c.architecture == "mixtral" && canon.size() > 13 && canon.compare(canon.size() - 13, 13, ".ffn_gate_inp") == 0) {
+    // transformers < 5 names Mixtral's sparse block block_sparse_moe, 5.x names it mlp.
+    const std::string l = canon.substr(4, canon.find('.', 4) - 4);
+    std::string classic = "model.layers." + l + ".block_sparse_moe.gate.weight";
+    return {DenseSource::Direct, ck.find(classic) ? classic : "model.layers." + l + ".mlp.gate.weight"};
+  }
+  return dense_source_no_ck(c, canon);
+}
+
+DenseSource dense_source_no_ck(const ModelConfig& c, const std::string& canon) {
+  if (canon == tname::token_embd()) return {DenseSource::Direct, "model.embed_tokens.weight"};
+  if (canon == tname::output_norm()) return {DenseSource::Direct, "model.norm.weight"};
+  if (canon == tname::output()) return {DenseSource::Direct, "lm_head.weight"};
   // blk.{l}.{what}
   size_t dot1 = canon.find('.'), dot2 = canon.find('.', dot1 + 1);
   std::string l = canon.substr(dot1 + 1, dot2 - dot1 - 1), what = canon.substr(dot2 + 1);
-  std::string p = "model.layers." + l + ".";
-  if (what == "attn_norm") return p + "input_layernorm.weight";
-  if (what == "ffn_norm") return p + "post_attention_layernorm.weight";
-  if (what == "attn_q") return p + "self_attn.q_proj.weight";
-  if (what == "attn_k") return p + "self_attn.k_proj.weight";
-  if (what == "attn_v") return p + "self_attn.v_proj.weight";
-  if (what == "attn_output") return p + "self_attn.o_proj.weight";
-  if (what == "ffn_gate_inp") {
-    // transformers < 5 names the sparse block block_sparse_moe, 5.x names it mlp.
-    std::string classic = p + "block_sparse_moe.gate.weight";
-    return ck.find(classic) ? classic : p + "mlp.gate.weight";
-  }
+  const std::string p = "model.layers." + l + ".", a = p + "self_attn.";
+  auto d = [](std::string n) { return DenseSource{DenseSource::Direct, std::move(n)}; };
+  if (what == "attn_norm") return d(p + "input_layernorm.weight");
+  if (what == "ffn_norm") return d(p + "post_attention_layernorm.weight");
+  if (what == "attn_q") return d(a + "q_proj.weight");
+  if (what == "attn_k") return d(a + "k_proj.weight");
+  if (what == "attn_v") return d(a + "v_proj.weight");
+  if (what == "attn_output") return d(a + "o_proj.weight");
+  if (what == "attn_q_bias") return d(a + "q_proj.bias");
+  if (what == "attn_k_bias") return d(a + "k_proj.bias");
+  if (what == "attn_v_bias") return d(a + "v_proj.bias");
+  if (what == "attn_output_bias") return d(a + "o_proj.bias");
+  if (what == "attn_q_norm") return d(a + "q_norm.weight");
+  if (what == "attn_k_norm") return d(a + "k_norm.weight");
+  if (what == "attn_sinks") return d(a + "sinks");
+  if (what == "attn_q_a") return d(a + "q_a_proj.weight");
+  if (what == "attn_q_a_norm") return d(a + "q_a_layernorm.weight");
+  if (what == "attn_q_b") return d(a + "q_b_proj.weight");
+  if (what == "attn_kv_a") return d(a + "kv_a_proj_with_mqa.weight");
+  if (what == "attn_kv_a_norm") return d(a + "kv_a_layernorm.weight");
+  if (what == "attn_k_b") return {DenseSource::KvbK, a + "kv_b_proj.weight"};
+  if (what == "attn_v_b") return {DenseSource::KvbV, a + "kv_b_proj.weight"};
+  if (what == "ffn_gate") return d(p + "mlp.gate_proj.weight");
+  if (what == "ffn_up") return d(p + "mlp.up_proj.weight");
+  if (what == "ffn_down") return d(p + "mlp.down_proj.weight");
+  if (what == "ffn_gate_inp") return d(p + (c.architecture == "gpt_oss" ? "mlp.router.weight" : "mlp.gate.weight"));
+  if (what == "ffn_gate_inp_bias") return d(p + "mlp.router.bias");
+  if (what == "exp_probs_b") return d(p + "mlp.gate.e_score_correction_bias");
+  const std::string sh = p + (c.architecture == "qwen2_moe" ? "mlp.shared_expert." : "mlp.shared_experts.");
+  if (what == "ffn_gate_shexp") return d(sh + "gate_proj.weight");
+  if (what == "ffn_up_shexp") return d(sh + "up_proj.weight");
+  if (what == "ffn_down_shexp") return d(sh + "down_proj.weight");
+  if (what == "ffn_gate_inp_shexp") return d(p + "mlp.shared_expert_gate.weight");
   throw Error(Status::Internal, "no source for tensor " + canon);
 }
 
-// Copies `n` elements of `src` (any supported dtype) into `dst` as `to`.
-void convert_into(const SafeTensor& src, size_t first, size_t n, uint8_t* dst, DType to) {
-  convert_elements(src.data + first * dtype_size(*src.dtype), *src.dtype, dst, to, n);
+// The checkpoint shape a canonical tensor's source must have.
+std::vector<int64_t> source_shape(const ModelConfig& c, const TensorSpec& spec, const DenseSource& src) {
+  if (src.kind != DenseSource::Direct)
+    return {c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank};
+  if (spec.name.size() > 18 && spec.name.compare(spec.name.size() - 18, 18, "ffn_gate_inp_shexp") == 0)
+    return {1, c.hidden_size};  // a Linear(hidden, 1)
+  return spec.shape;
+}
+
+// The MXFP4 code points (e2m1), indexed by a nibble.
+constexpr float kFp4[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
+                            -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// Row `row` of an MXFP4 matrix stored as blocks [rows, cols/32, 16] and e8m0
+// scales [rows, cols/32] (the rows of one expert start at `base_row`): byte b
+// of a block holds element 2b in its low nibble and 2b+1 in its high nibble.
+void mxfp4_row(const SafeTensor& blocks, const SafeTensor& scales, int64_t row, int64_t cols, float* out) {
+  const int64_t G = cols / 32;
+  const uint8_t* bl = blocks.data + static_cast<size_t>(row * G * 16);
+  const uint8_t* sc = scales.data + static_cast<size_t>(row * G);
+  for (int64_t g = 0; g < G; ++g) {
+    const int e = static_cast<int>(sc[g]) - 127;
+    for (int b = 0; b < 16; ++b) {
+      const uint8_t v = bl[g * 16 + b];
+      out[g * 32 + 2 * b] = std::ldexp(kFp4[v & 0x0F], e);
+      out[g * 32 + 2 * b + 1] = std::ldexp(kFp4[v >> 4], e);
+    }
+  }
 }
 
 }  // namespace
+
+std::vector<HfTensor> hf_checkpoint_plan(const ModelConfig& cfg) {
+  std::vector<HfTensor> out;
+  for (const auto& spec : dense_tensor_specs(cfg)) {
+    // NOTE: dense_source only consults the checkpoint for Mixtral's router name.
+    DenseSource src;
+    if (spec.name.find("ffn_gate_inp") != std::string::npos && cfg.architecture == "mixtral") {
+      const std::string l = spec.name.substr(4, spec.name.find('.', 4) - 4);
+      src = {DenseSource::Direct, "model.layers." + l + ".block_sparse_moe.gate.weight"};
+    } else {
+      src = dense_source_no_ck(cfg, spec.name);
+    }
+    if (src.kind == DenseSource::KvbV) continue;  // the same tensor as KvbK
+    HfTensor t{src.name, source_shape(cfg, spec, src), HfTensor::Matrix};
+    if (spec.name == tname::token_embd()) t.kind = HfTensor::Embedding;
+    else if (spec.is_norm) t.kind = spec.name.find("norm") != std::string::npos ? HfTensor::Norm : HfTensor::Bias;
+    out.push_back(std::move(t));
+  }
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, E = cfg.num_experts;
+  for (int64_t l : cfg.moe_layers) {
+    const std::string L = "model.layers." + std::to_string(l) + ".";
+    if (cfg.architecture == "gpt_oss") {
+      out.push_back({L + "mlp.experts.gate_up_proj", {E, H, 2 * I}, HfTensor::Matrix});
+      out.push_back({L + "mlp.experts.gate_up_proj_bias", {E, 2 * I}, HfTensor::Bias});
+      out.push_back({L + "mlp.experts.down_proj", {E, I, H}, HfTensor::Matrix});
+      out.push_back({L + "mlp.experts.down_proj_bias", {E, H}, HfTensor::Bias});
+      continue;
+    }
+    const bool mx = cfg.architecture == "mixtral";
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string X = L + (mx ? "block_sparse_moe.experts." : "mlp.experts.") + std::to_string(e) + ".";
+      out.push_back({X + (mx ? "w1" : "gate_proj") + ".weight", {I, H}, HfTensor::Matrix});
+      out.push_back({X + (mx ? "w2" : "down_proj") + ".weight", {H, I}, HfTensor::Matrix});
+      out.push_back({X + (mx ? "w3" : "up_proj") + ".weight", {I, H}, HfTensor::Matrix});
+    }
+  }
+  return out;
+}
 
 ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& out_path, const ConvertOptions& opts) {
   fs::path cfg_path = fs::path(hf_dir) / "config.json";
@@ -81,19 +198,40 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
   const DType dtype = opts.dtype.value_or(*embd.dtype);
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, E = cfg.num_experts;
   std::vector<ColibriWriter::DenseTensor> dense;
-  std::vector<std::string> sources;
-  for (const auto& spec : dense_tensor_specs(cfg)) {
+  std::vector<DenseSource> sources;
+  const auto specs = dense_tensor_specs(cfg);
+  for (const auto& spec : specs) {
     dense.push_back({spec.name, spec.is_norm ? DType::F32 : dtype, spec.shape});
-    sources.push_back(hf_dense_name(ck, spec.name));
-    expect(ck, sources.back(), spec.shape);  // fail before writing anything
+    sources.push_back(dense_source(ck, cfg, spec.name));
+    expect(ck, sources.back().name, source_shape(cfg, spec, sources.back()));  // fail before writing anything
   }
 
-  // Experts: per-expert w1 (gate), w3 (up), w2 (down), or fused 3-D tensors.
+  // Experts come in one of four layouts:
+  //  classic: per expert w1 (gate), w3 (up), w2 (down) (Mixtral), or
+  //           mlp.experts.<e>.{gate,up,down}_proj.weight (the other families);
+  //  fused:   mlp.experts.gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I];
+  //  gpt-oss: mlp.experts.gate_up_proj [E, H, 2I] (gate in even columns, up in odd),
+  //           gate_up_proj_bias [E, 2I], down_proj [E, I, H], down_proj_bias [E, H];
+  //  MXFP4:   gpt-oss's released form, *_blocks / *_scales (see docs/models.md).
+  const bool oss = cfg.architecture == "gpt_oss";
+  auto L = [](int l) { return "model.layers." + std::to_string(l) + "."; };
   auto classic = [&](int l, int e, const char* w) {
-    return "model.layers." + std::to_string(l) + ".block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight";
+    if (cfg.architecture == "mixtral")
+      return L(l) + "block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight";
+    return L(l) + "mlp.experts." + std::to_string(e) + "." + w + ".weight";
   };
-  auto fused = [&](int l, const char* w) { return "model.layers." + std::to_string(l) + ".mlp.experts." + w; };
-  const bool is_fused = !ck.find(classic(0, 0, "w1")) && ck.find(fused(0, "gate_up_proj"));
+  const char* wg = cfg.architecture == "mixtral" ? "w1" : "gate_proj";
+  const char* wu = cfg.architecture == "mixtral" ? "w3" : "up_proj";
+  const char* wd = cfg.architecture == "mixtral" ? "w2" : "down_proj";
+  auto fused = [&](int l, const char* w) { return L(l) + "mlp.experts." + w; };
+  enum class Layout { Classic, Fused, Oss, Mxfp4 } layout = Layout::Classic;
+  const int first_moe = static_cast<int>(cfg.moe_layers.front());
+  if (oss)
+    layout = ck.find(fused(first_moe, "gate_up_proj_blocks")) ? Layout::Mxfp4 : Layout::Oss;
+  else if (!ck.find(classic(first_moe, 0, wg)) && ck.find(fused(first_moe, "gate_up_proj")))
+    layout = Layout::Fused;
+  if (layout == Layout::Mxfp4 && (H % 32 != 0 || I % 32 != 0))
+    throw Error(Status::Format, "MXFP4 experts need hidden_size and intermediate_size to be multiples of 32");
 
   auto check_interrupt = [&] {
     if (opts.interrupt && opts.interrupt->load() != 0)
@@ -102,7 +240,7 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
   };
   ColibriWriter w(out_path, cfg, dense, dtype);
   // Progress counts the bytes of tensor and expert data (not metadata or padding).
-  uint64_t total = static_cast<uint64_t>(cfg.num_layers * E) * w.layout().size;
+  uint64_t total = static_cast<uint64_t>(cfg.num_moe_layers() * E) * w.layout().size;
   for (const auto& d : dense) {
     uint64_t n = dtype_size(d.dtype);
     for (auto x : d.shape) n *= static_cast<uint64_t>(x);
@@ -111,12 +249,34 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
   uint64_t done = 0;
   ConvertResult res;
   std::vector<uint8_t> buf;
+  std::vector<float> f32;
   for (size_t i = 0; i < dense.size(); ++i) {
     check_interrupt();
-    const SafeTensor& src = ck.get(sources[i]);
-    const size_t n = static_cast<size_t>(src.numel());
+    const SafeTensor& src = ck.get(sources[i].name);
+    size_t n = 1;
+    for (auto x : dense[i].shape) n *= static_cast<size_t>(x);
     buf.resize(n * dtype_size(dense[i].dtype));
-    convert_into(src, 0, n, buf.data(), dense[i].dtype);
+    if (sources[i].kind == DenseSource::Direct) {
+      convert_elements(src.data, *src.dtype, buf.data(), dense[i].dtype, n);
+    } else {
+      // kv_b_proj [nh * (nope + v), R]: head h's rows [0, nope) are W_uk[h],
+      // rows [nope, nope + v) are W_uv[h]. attn_k_b stores W_uk[h]^T ([R, nope]),
+      // attn_v_b stores W_uv[h] ([v, R]).
+      const int64_t nh = cfg.num_heads, nope = cfg.qk_nope_head_dim, vd = cfg.v_head_dim, R = cfg.kv_lora_rank;
+      std::vector<float> all(static_cast<size_t>(src.numel()));
+      read_f32(src, 0, all.size(), all.data());
+      f32.resize(n);
+      for (int64_t h = 0; h < nh; ++h) {
+        const float* head = all.data() + h * (nope + vd) * R;
+        if (sources[i].kind == DenseSource::KvbK) {
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t j = 0; j < nope; ++j) f32[static_cast<size_t>((h * R + r) * nope + j)] = head[j * R + r];
+        } else {
+          std::copy(head + nope * R, head + (nope + vd) * R, f32.begin() + h * vd * R);
+        }
+      }
+      convert_elements(f32.data(), DType::F32, buf.data(), dense[i].dtype, n);
+    }
     w.write_dense(i, buf.data(), buf.size());
     release_mapped_pages(src.data, src.nbytes);  // NOTE: keeps peak memory at about one tensor
     done += buf.size();
@@ -126,43 +286,98 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
 
   const ExpertLayout& lay = w.layout();
   const size_t mat = static_cast<size_t>(I * H);
-  for (int l = 0; l < cfg.num_layers; ++l) {
-    const SafeTensor *gu = nullptr, *dn = nullptr;
-    if (is_fused) {
-      // NOTE: transformers 5 stores gate_up_proj as [E, 2*I, H] with the gate
-      // rows first, and down_proj as [E, H, I].
-      gu = &expect(ck, fused(l, "gate_up_proj"), {E, 2 * I, H});
-      dn = &expect(ck, fused(l, "down_proj"), {E, H, I});
+  std::vector<float> g(mat), u(mat), dn(mat), gb(static_cast<size_t>(I)), ub(static_cast<size_t>(I)), db(static_cast<size_t>(H));
+  std::vector<float> row(static_cast<size_t>(std::max(2 * I, H)));
+  for (int m = 0; m < cfg.num_moe_layers(); ++m) {
+    const int l = static_cast<int>(cfg.moe_layers[static_cast<size_t>(m)]);
+    const SafeTensor *gu = nullptr, *dw = nullptr, *gub = nullptr, *dwb = nullptr, *gus = nullptr, *dws = nullptr;
+    switch (layout) {
+      case Layout::Fused:
+        gu = &expect(ck, fused(l, "gate_up_proj"), {E, 2 * I, H});
+        dw = &expect(ck, fused(l, "down_proj"), {E, H, I});
+        break;
+      case Layout::Oss:
+        gu = &expect(ck, fused(l, "gate_up_proj"), {E, H, 2 * I});
+        dw = &expect(ck, fused(l, "down_proj"), {E, I, H});
+        break;
+      case Layout::Mxfp4:
+        gu = &expect_u8(ck, fused(l, "gate_up_proj_blocks"), {E, 2 * I, H / 32, 16});
+        gus = &expect_u8(ck, fused(l, "gate_up_proj_scales"), {E, 2 * I, H / 32});
+        dw = &expect_u8(ck, fused(l, "down_proj_blocks"), {E, H, I / 32, 16});
+        dws = &expect_u8(ck, fused(l, "down_proj_scales"), {E, H, I / 32});
+        break;
+      case Layout::Classic:
+        break;
+    }
+    if (oss) {
+      gub = &expect(ck, fused(l, "gate_up_proj_bias"), {E, 2 * I});
+      dwb = &expect(ck, fused(l, "down_proj_bias"), {E, H});
     }
     for (int e = 0; e < E; ++e) {
       check_interrupt();
-      // Where this expert's gate, up and down matrices start in the checkpoint.
-      struct Src { const SafeTensor* t; size_t first; };
-      Src src[3];
-      if (is_fused) {
-        const size_t base = static_cast<size_t>(e) * 2 * mat;
-        src[0] = {gu, base};
-        src[1] = {gu, base + mat};
-        src[2] = {dn, static_cast<size_t>(e) * mat};
-      } else {
-        src[0] = {&expect(ck, classic(l, e, "w1"), {I, H}), 0};
-        src[1] = {&expect(ck, classic(l, e, "w3"), {I, H}), 0};
-        src[2] = {&expect(ck, classic(l, e, "w2"), {H, I}), 0};
+      std::vector<const SafeTensor*> used;
+      switch (layout) {
+        case Layout::Classic: {
+          const SafeTensor& a = expect(ck, classic(l, e, wg), {I, H});
+          const SafeTensor& b = expect(ck, classic(l, e, wu), {I, H});
+          const SafeTensor& c = expect(ck, classic(l, e, wd), {H, I});
+          read_f32(a, 0, mat, g.data());
+          read_f32(b, 0, mat, u.data());
+          read_f32(c, 0, mat, dn.data());
+          used = {&a, &b, &c};
+          break;
+        }
+        case Layout::Fused: {
+          const size_t base = static_cast<size_t>(e) * 2 * mat;
+          read_f32(*gu, base, mat, g.data());
+          read_f32(*gu, base + mat, mat, u.data());
+          read_f32(*dw, static_cast<size_t>(e) * mat, mat, dn.data());
+          break;
+        }
+        case Layout::Oss: {
+          // [H, 2I] -> gate [I, H] (even columns), up [I, H] (odd columns); down [I, H] -> [H, I].
+          for (int64_t h = 0; h < H; ++h) {
+            read_f32(*gu, static_cast<size_t>((e * H + h) * 2 * I), static_cast<size_t>(2 * I), row.data());
+            for (int64_t i = 0; i < I; ++i) {
+              g[static_cast<size_t>(i * H + h)] = row[static_cast<size_t>(2 * i)];
+              u[static_cast<size_t>(i * H + h)] = row[static_cast<size_t>(2 * i + 1)];
+            }
+          }
+          for (int64_t i = 0; i < I; ++i) {
+            read_f32(*dw, static_cast<size_t>((e * I + i) * H), static_cast<size_t>(H), row.data());
+            for (int64_t h = 0; h < H; ++h) dn[static_cast<size_t>(h * I + i)] = row[static_cast<size_t>(h)];
+          }
+          break;
+        }
+        case Layout::Mxfp4: {
+          // Dequantised rows [2I, H] of which even rows are the gate's, odd the up's;
+          // down rows [H, I] as stored.
+          for (int64_t j = 0; j < 2 * I; ++j)
+            mxfp4_row(*gu, *gus, e * 2 * I + j, H, (j % 2 == 0 ? g.data() : u.data()) + (j / 2) * H);
+          for (int64_t h = 0; h < H; ++h) mxfp4_row(*dw, *dws, e * H + h, I, dn.data() + h * I);
+          break;
+        }
       }
-      const uint64_t dst[3] = {lay.gate_offset, lay.up_offset, lay.down_offset};
       buf.assign(lay.size, 0);
-      for (int m = 0; m < 3; ++m) convert_into(*src[m].t, src[m].first, mat, buf.data() + dst[m], dtype);
-      w.write_expert(l, e, buf.data(), buf.size());
-      if (!is_fused)
-        for (const Src& x : src) release_mapped_pages(x.t->data, x.t->nbytes);
+      convert_elements(g.data(), DType::F32, buf.data() + lay.gate_offset, dtype, mat);
+      convert_elements(u.data(), DType::F32, buf.data() + lay.up_offset, dtype, mat);
+      convert_elements(dn.data(), DType::F32, buf.data() + lay.down_offset, dtype, mat);
+      if (lay.has_bias) {
+        read_f32(*gub, static_cast<size_t>(e * 2 * I), static_cast<size_t>(2 * I), row.data());
+        for (int64_t i = 0; i < I; ++i) gb[static_cast<size_t>(i)] = row[static_cast<size_t>(2 * i)], ub[static_cast<size_t>(i)] = row[static_cast<size_t>(2 * i + 1)];
+        read_f32(*dwb, static_cast<size_t>(e * H), static_cast<size_t>(H), db.data());
+        std::memcpy(buf.data() + lay.gate_bias_offset, gb.data(), gb.size() * sizeof(float));
+        std::memcpy(buf.data() + lay.up_bias_offset, ub.data(), ub.size() * sizeof(float));
+        std::memcpy(buf.data() + lay.down_bias_offset, db.data(), db.size() * sizeof(float));
+      }
+      w.write_expert(m, e, buf.data(), buf.size());
+      for (const SafeTensor* x : used) release_mapped_pages(x->data, x->nbytes);
       done += buf.size();
       ++res.experts;
       if (opts.progress) opts.progress(done, total, "layer " + std::to_string(l) + " expert " + std::to_string(e));
     }
-    if (is_fused) {
-      release_mapped_pages(gu->data, gu->nbytes);
-      release_mapped_pages(dn->data, dn->nbytes);
-    }
+    for (const SafeTensor* x : {gu, dw, gub, dwb, gus, dws})
+      if (x) release_mapped_pages(x->data, x->nbytes);
   }
   w.finish();
   res.bytes = w.total_bytes();

@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "model/dtype.h"
 
@@ -27,6 +28,19 @@ struct ConvertResult {
   int experts = 0;
   DType dtype = DType::F32;  // the matrices' storage
 };
+
+// The Hugging Face tensors a checkpoint of this config holds (all that the
+// converter reads), in the layout save_pretrained writes: per-expert
+// gate/up/down matrices, or for gpt-oss the fused [E, H, 2I] / [E, I, H]
+// experts with their biases. Used by `colibri synth` for every family.
+struct HfTensor {
+  enum Kind { Matrix, Norm, Bias, Embedding };
+  std::string name;
+  std::vector<int64_t> shape;
+  Kind kind = Matrix;
+};
+struct ModelConfig;
+std::vector<HfTensor> hf_checkpoint_plan(const ModelConfig& cfg);
 
 // Streams tensor by tensor into OUT.tmp and renames it to OUT when complete;
 // on any error OUT is untouched and OUT.tmp removed. Throws Error.

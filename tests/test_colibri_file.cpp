@@ -665,7 +665,7 @@ std::vector<Corruption> corruptions() {
       {"tensor count one short", header_edit([](H& h, S&) { h.tensor_count -= 1; }), Status::Format,
        {"missing tensor 'output' required by the config"}},
       {"expert count one short", header_edit([](H& h, S&) { h.expert_count -= 1; }), Status::Format,
-       {"expert index has 7 entries; the config needs 8 (2 layers x 4 experts)"}},
+       {"expert index has 7 entries; the config needs 8 (2 MoE layers x 4 experts)"}},
       // Checksum of the metadata region
       {"byte flipped in the config JSON", [](S& b) { b[header_of(b).config_offset + 20] ^= 0x01; }, Status::Checksum,
        {"checksum mismatch in the config, tensor directory or expert index"}},
@@ -680,7 +680,7 @@ std::vector<Corruption> corruptions() {
        [](S& b) { edit_config(b, "\"vocab_size\":", "\"vocab_size\"!"); reseal(b); }, Status::Format,
        {"embedded config is not valid JSON"}},
       {"config value invalid",
-       [](S& b) { edit_config(b, "\"silu\"", "\"gelu\""); reseal(b); }, Status::Format,
+       [](S& b) { edit_config(b, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""); reseal(b); }, Status::Format,
        {"hidden_act 'gelu' is not supported"}},
       {"config field missing",
        [](S& b) { edit_config(b, "\"head_dim\"", "\"head_dxm\""); reseal(b); }, Status::Format,

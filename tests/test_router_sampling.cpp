@@ -23,7 +23,7 @@ TEST(Router, SoftmaxTopKRenormalisedMatchesReference) {
       auto logits = test::random_floats(rng, rows * E, -4.f, 4.f);
       std::vector<int32_t> ex(rows * K, -1);
       std::vector<float> w(rows * K, NAN);
-      route(cfg, logits.data(), rows, E, K, ex.data(), w.data());
+      route(cfg, logits.data(), rows, E, K, nullptr, ex.data(), w.data());
       for (int r = 0; r < rows; ++r) {
         std::vector<double> p(E);
         double mx = *std::max_element(&logits[r * E], &logits[r * E] + E), s = 0;
@@ -47,10 +47,10 @@ TEST(Router, TopOneWeightIsExactlyOneAndTiesGoToLowerIndex) {
   const float logits[4] = {0.5f, 2.0f, 2.0f, -1.0f};
   int32_t ex[2];
   float w[2];
-  route(cfg, logits, 1, 4, 1, ex, w);
+  route(cfg, logits, 1, 4, 1, nullptr, ex, w);
   EXPECT_EQ(ex[0], 1);
   EXPECT_EQ(w[0], 1.0f);
-  route(cfg, logits, 1, 4, 2, ex, w);
+  route(cfg, logits, 1, 4, 2, nullptr, ex, w);
   EXPECT_EQ(ex[0], 1);
   EXPECT_EQ(ex[1], 2);
   EXPECT_FLOAT_EQ(w[0], 0.5f);

@@ -111,11 +111,7 @@ const ExpertView& ExpertStore::load(uint64_t key, const ExpertView& src) {
   }
   release_mapped_pages(src.block, src.size);  // the host tier's pages are not needed now
   ExpertView& v = views_[static_cast<size_t>(s)];
-  v = src;
-  v.block = dst;
-  v.gate = dst + (static_cast<const uint8_t*>(src.gate) - src.block);
-  v.up = dst + (static_cast<const uint8_t*>(src.up) - src.block);
-  v.down = dst + (static_cast<const uint8_t*>(src.down) - src.block);
+  v = rebase(src, dst);
   slot_of_[key] = s;
   key_in_[static_cast<size_t>(s)] = static_cast<int64_t>(key);
   return v;

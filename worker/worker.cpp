@@ -28,6 +28,7 @@ Worker::Worker(std::shared_ptr<const ColibriFile> file, const Placement& placeme
       inter_(file_->config().intermediate_size),
       experts_(file_->config().num_experts),
       max_rows_(max_rows),
+      spec_(FfnSpec::experts(file_->config())),
       store_(file_, store, owned_keys(placement, rank)) {
   batch_keys_.reserve(static_cast<size_t>(experts_));
   xg_.resize(static_cast<size_t>(max_rows * hidden_));
@@ -82,7 +83,7 @@ void Worker::compute(int layer, const uint32_t* counts, const float* in, float* 
     if (sources == 1) {
       // NOTE: rows of one source are contiguous: compute in place, no gather.
       int64_t at = cursor[static_cast<size_t>(only)];
-      expert_ffn(ev, hidden_, inter_, in + at * hidden_, n, out + at * hidden_, gate_.data(), up_.data());
+      expert_ffn(ev, spec_, in + at * hidden_, n, out + at * hidden_, gate_.data(), up_.data());
       cursor[static_cast<size_t>(only)] += n;
       continue;
     }
@@ -92,7 +93,7 @@ void Worker::compute(int layer, const uint32_t* counts, const float* in, float* 
       std::memcpy(xg_.data() + g * hidden_, in + cursor[static_cast<size_t>(s)] * hidden_, c * row_bytes);
       g += c;
     }
-    expert_ffn(ev, hidden_, inter_, xg_.data(), n, yg_.data(), gate_.data(), up_.data());
+    expert_ffn(ev, spec_, xg_.data(), n, yg_.data(), gate_.data(), up_.data());
     g = 0;
     for (int s = 0; s < world_; ++s) {
       uint32_t c = counts[s * experts_ + e];

@@ -8,9 +8,8 @@
 
 #include "coordinator/placement.h"
 #include "model/colibri_file.h"
+#include "worker/expert_ffn.h"
 #include "worker/expert_store.h"
-
-#include <cstdint>
 
 namespace colibri {
 
@@ -32,6 +31,7 @@ class Worker {
   const Placement& placement_;
   int rank_, world_;
   int64_t hidden_, inter_, experts_, max_rows_;
+  FfnSpec spec_;
   uint64_t tick_ = 0;  // the cache's logical clock: one tick per layer served
   ExpertStore store_;
   std::vector<uint64_t> batch_keys_;  // experts with rows in the current layer
