@@ -11,6 +11,14 @@
 namespace colibri::cli {
 
 namespace {
+std::string fmt_g(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+}  // namespace
+
+namespace {
 std::string hex64(uint64_t v) {
   char b[20];
   std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
@@ -100,13 +108,41 @@ int cmd_inspect(int argc, char** argv) {
     std::printf("model       %s: %lld layers, hidden %lld, %lld heads (%lld kv, head_dim %lld), vocab %lld\n",
                 c.architecture.c_str(), (long long)c.num_layers, (long long)c.hidden_size, (long long)c.num_heads,
                 (long long)c.num_kv_heads, (long long)c.head_dim, (long long)c.vocab_size);
-    std::printf("moe         %lld experts, top-%lld, intermediate %lld, routing %s%s, expert dtype %s\n",
+    std::string routing = c.routing.scoring;
+    if (c.routing.group_select != "none")
+      routing += ", groups " + std::to_string(c.routing.topk_group) + " of " + std::to_string(c.routing.n_group) + " by " +
+                 c.routing.group_select;
+    if (c.routing.score_bias) routing += ", selection bias";
+    if (c.routing.router_bias) routing += ", router bias";
+    if (c.routing.norm_topk_prob) routing += ", renormalise top-k";
+    if (c.routing.routed_scaling_factor != 1.0f) routing += ", scale " + fmt_g(c.routing.routed_scaling_factor);
+    std::printf("moe         %lld experts, top-%lld, intermediate %lld, %s experts, routing %s, expert dtype %s\n",
                 (long long)c.num_experts, (long long)c.experts_per_token, (long long)c.intermediate_size,
-                c.routing.scoring.c_str(), c.routing.norm_topk_prob ? " + renormalise top-k" : "",
-                dtype_name(f->expert_dtype()));
-    std::printf("attention   rope_theta %g, context %lld, sliding window %lld, rms_norm_eps %g, tied %s\n",
-                c.rope_theta, (long long)c.max_position_embeddings, (long long)c.sliding_window, c.rms_norm_eps,
-                c.tie_word_embeddings ? "yes" : "no");
+                c.expert_act == "silu" ? (c.expert_bias ? "SwiGLU+bias" : "SwiGLU") : "clamped-SwiGLU+bias (gpt-oss)",
+                routing.c_str(), dtype_name(f->expert_dtype()));
+    std::printf("layers      %lld MoE of %lld", (long long)c.num_moe_layers(), (long long)c.num_layers);
+    if (c.num_moe_layers() < c.num_layers) std::printf(" (dense MLP %lld elsewhere)", (long long)c.dense_intermediate_size);
+    if (c.shared_intermediate_size > 0)
+      std::printf(", shared expert %lld%s", (long long)c.shared_intermediate_size, c.shared_expert_gate ? " (sigmoid gate)" : "");
+    std::printf("\n");
+    std::string att = c.attention == "mla" ? "MLA (kv_lora_rank " + std::to_string(c.kv_lora_rank) + ", q_lora_rank " +
+                                                 std::to_string(c.q_lora_rank) + ", nope/rope/v " +
+                                                 std::to_string(c.qk_nope_head_dim) + "/" + std::to_string(c.qk_rope_head_dim) +
+                                                 "/" + std::to_string(c.v_head_dim) + ")"
+                                           : "GQA";
+    if (c.qkv_bias) att += ", qkv bias";
+    if (c.o_bias) att += ", o bias";
+    if (c.qk_norm != "none") att += ", qk-norm " + c.qk_norm;
+    if (c.clip_qkv > 0) att += ", clip " + fmt_g(c.clip_qkv);
+    if (c.attn_sinks) att += ", sinks";
+    int sliding = 0;
+    for (int64_t l = 0; l < c.num_layers; ++l) sliding += c.window(l) > 0;
+    std::printf("attention   %s, rope_theta %g over %lld dims%s%s, context %lld, sliding window %lld on %d of %lld layers, "
+                "rms_norm_eps %g, tied %s\n",
+                att.c_str(), c.rope_theta, (long long)c.rope_dim, c.rope_interleaved ? " (interleaved)" : "",
+                c.rope_scaling.type == "yarn" ? (" YaRN x" + fmt_g(c.rope_scaling.factor)).c_str() : "",
+                (long long)c.max_position_embeddings, (long long)c.sliding_window, sliding, (long long)c.num_layers,
+                c.rms_norm_eps, c.tie_word_embeddings ? "yes" : "no");
     std::printf("\n%-32s %-5s %-16s %12s %12s %s\n", "tensor", "dtype", "shape", "offset", "bytes", "checksum");
     for (const auto& t : f->tensors())
       std::printf("%-32s %-5s %-16s %12llu %12llu %s\n", t.name.c_str(), dtype_name(t.dtype), shape_str(t.shape).c_str(),

@@ -18,7 +18,10 @@
 namespace colibri::test {
 
 inline const std::vector<std::string>& fixture_names() {
-  static const std::vector<std::string> n = {"mixtral_a", "mixtral_b", "mixtral_c"};
+  static const std::vector<std::string> n = {
+      "mixtral_a",     "mixtral_b",     "mixtral_c",     "qwen2_moe_a",   "qwen2_moe_b",   "qwen3_moe_a",
+      "qwen3_moe_b",   "olmoe_a",       "olmoe_b",       "deepseek_v2_a", "deepseek_v2_b", "deepseek_v3_a",
+      "deepseek_v3_b", "glm4_moe_a",    "glm4_moe_b",    "gpt_oss_a",     "gpt_oss_b",     "gpt_oss_mxfp4"};
   return n;
 }
 

@@ -75,7 +75,9 @@ import json; [print(','.join(map(str,p))) for p in json.load(open('$fixtures/$fx
   "${mpirun_base[@]}" -np 3 "$colibri" run "${common[@]}" --policy round_robin > "$work/x.txt" 2>/dev/null
   read -r passes tokens rows rowbytes countbytes total < <(sed -nE 's/^exchange: ([0-9]+) forward passes, ([0-9]+) tokens, ([0-9]+) .* = ([0-9]+) row bytes, ([0-9]+) count bytes, ([0-9]+) bytes.*/\1 \2 \3 \4 \5 \6/p' "$work/x.txt")
   cfg=$("$colibri" inspect "$model" --json | python3 -c "import json,sys; c=json.load(sys.stdin)['config']; print(c['experts_per_token'], c['num_layers'], c['hidden_size'], c['num_experts'])" 2>/dev/null || echo "")
-  if [ -n "$cfg" ]; then
+  if [ -z "$cfg" ]; then
+    echo "FAIL $fx traffic: cannot read the model's config with inspect --json"; fail=$((fail + 1))
+  else
     read -r k layers hidden experts <<< "$cfg"
     runs=$((runs + 1))
     want_rows=$((tokens * k * layers))
@@ -89,6 +91,38 @@ import json; [print(','.join(map(str,p))) for p in json.load(open('$fixtures/$fx
     fi
   fi
   check "$fx np=3 UCX" "${mpirun_base[@]}" "${ucx[@]}" -np 3 "$colibri" run "${common[@]}" --policy balanced --stats "$work/stats.json"
+done
+# The other families (dense-then-MoE layers, shared experts, grouped and biased
+# routing, MLA, sinks, MXFP4...): non-trivial placements over MoE layers only,
+# bitwise equal to one process. Quick mode (sanitizers): three families, one run each.
+for fx in qwen2_moe_a qwen2_moe_b qwen3_moe_a qwen3_moe_b olmoe_a olmoe_b deepseek_v2_a deepseek_v2_b \
+          deepseek_v3_a deepseek_v3_b glm4_moe_a glm4_moe_b gpt_oss_a gpt_oss_b gpt_oss_mxfp4; do
+  if [ "$mode" = quick ]; then case "$fx" in qwen2_moe_a|deepseek_v3_a|gpt_oss_a) ;; *) continue ;; esac; fi
+  model="$work/$fx.colibri"
+  "$colibri" convert "$fixtures/$fx/hf" "$model" --dtype f32 --log-level warn
+  prompts=()
+  while read -r line; do prompts+=(--prompt-ids "$line"); done < <(python3 -c "
+import json; [print(','.join(map(str,p))) for p in json.load(open('$fixtures/$fx/expected.json'))['prompts']]")
+  if [ ${#prompts[@]} -eq 0 ]; then echo "FAIL $fx: no prompts in expected.json"; fail=$((fail + 1)); continue; fi
+  common=(--model "$model" "${prompts[@]}" --max-new-tokens 8 --ignore-eos --log-level warn)
+  "$colibri" generate "${common[@]}" --dump-logits "$work/ref.npy" --record-routing "$work/trace.jsonl" > "$work/ref.txt"
+  "$colibri" stats "$work/trace.jsonl" --out "$work/stats.json" --log-level warn > /dev/null
+  echo "== $fx: $(grep -c '^sequence' "$work/ref.txt") sequences"
+  check "$fx np=3 balanced" "${mpirun_base[@]}" -np 3 "$colibri" run "${common[@]}" --policy balanced --stats "$work/stats.json"
+  [ "$mode" = quick ] && continue
+  check "$fx np=4 replicated R=2 coordinator-experts, cache 1 expert/rank lru" \
+    "${mpirun_base[@]}" -np 4 "$colibri" run "${common[@]}" --policy replicated --redundant 2 --coordinator-experts \
+    --stats "$work/stats.json" --expert-cache-experts 1 --cache-policy lru
+  # Traffic counts MoE layers only: dense layers never leave the coordinator.
+  "${mpirun_base[@]}" -np 3 "$colibri" run "${common[@]}" --policy round_robin > "$work/x.txt" 2>/dev/null
+  read -r tokens rows < <(sed -nE 's/^exchange: ([0-9]+) forward passes, ([0-9]+) tokens, ([0-9]+) .*/\2 \3/p' "$work/x.txt")
+  want=$("$colibri" inspect "$model" --json | python3 -c "import json,sys; c=json.load(sys.stdin)['config']; print(c['experts_per_token'] * len(c['moe_layers']))")
+  runs=$((runs + 1))
+  if [ -n "$rows" ] && [ -n "$want" ] && [ "$rows" = $((tokens * want)) ]; then
+    echo "ok   $fx traffic: $rows rows = tokens $tokens x k x MoE layers ($want)"
+  else
+    echo "FAIL $fx traffic: rows '$rows', want tokens '$tokens' x $want"; fail=$((fail + 1))
+  fi
 done
 echo "$runs runs, $fail failed"
 [ "$fail" -eq 0 ]
