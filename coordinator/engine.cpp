@@ -335,7 +335,9 @@ void Engine::attention_mla(int layer, int64_t n, const int32_t* seqs, const int3
   const int64_t R = c.kv_lora_rank, nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, vd = c.v_head_dim;
   const int64_t KW = R + rd, half = rd / 2, ATT = nh * vd, LQ = nh * R;
   const auto& kt = kernels::active();
-  const float eps = static_cast<float>(c.rms_norm_eps);
+  // NOTE: transformers builds q_a_layernorm and kv_a_layernorm with the RMSNorm
+  // default eps 1e-6, whatever rms_norm_eps says (DeepSeek-V2 and V3 alike).
+  const float eps = 1e-6f;
   // Queries: q = W_q x, or W_qb rmsnorm(W_qa x).
   if (w.wq_a) {
     const int64_t QR = c.q_lora_rank;
