@@ -1,4 +1,4 @@
-// cmd_synth.cpp: colibri synth --arch mixtral --preset tiny|small|medium --seed N --out DIR
+// cmd_synth.cpp: colibri synth --arch FAMILY --preset tiny|small|medium --seed N --out DIR
 #include <spdlog/spdlog.h>
 
 #include "launcher/commands.h"
@@ -8,10 +8,33 @@
 namespace colibri::cli {
 
 int cmd_synth(int argc, char** argv) {
-  cxxopts::Options o("colibri synth", "Write a Hugging Face-format model directory (config.json + safetensors)\n"
-                                      "with seeded random weights, scaled so activations stay finite.\n"
-                                      "Presets: tiny (~2 MB), small (~0.3 GB), medium (~1.6 GB bf16).");
-  o.add_options()("arch", "Architecture", cxxopts::value<std::string>()->default_value("mixtral"))(
+  cxxopts::Options o(
+      "colibri synth",
+      "Write a Hugging Face-format model directory (config.json + safetensors)\n"
+      "with seeded random weights, scaled so activations stay finite, ready for\n"
+      "`colibri convert DIR OUT.colibri` (the same seed gives the same files).\n"
+      "\n"
+      "Families (--arch) and what their presets exercise:\n"
+      "  mixtral      every layer MoE, GQA, softmax top-k routing\n"
+      "  qwen2_moe    a dense layer (mlp_only_layers), gated shared expert, qkv biases\n"
+      "  qwen3_moe    per-head q/k RMSNorm, heads x head_dim != hidden\n"
+      "  olmoe        q/k RMSNorm over all heads, clip_qkv\n"
+      "  deepseek_v2  MLA (no q low-rank), first layer dense, 2 shared experts,\n"
+      "               group-limited greedy routing (4 groups), YaRN\n"
+      "  deepseek_v3  MLA with q_lora, first layer dense, shared expert, sigmoid\n"
+      "               routing with score bias over groups (top2_sum), YaRN\n"
+      "  glm4_moe     first layer dense, shared expert, sigmoid routing, partial\n"
+      "               rotary (0.5), q/k norms, qkv biases\n"
+      "  gpt_oss      alternating sliding/full attention, sinks, fused experts with\n"
+      "               biases, clamped SwiGLU, router bias, YaRN\n"
+      "\n"
+      "Presets (--preset; default dtype f32 for tiny and small, bf16 for medium):\n"
+      "  tiny    2-4 layers, hidden 128, vocab 512: 4-5 MB\n"
+      "  small   4-5 layers, hidden 512, vocab 4096: 210-260 MB\n"
+      "  medium  8-9 layers, hidden 1024, vocab 32000: 1.5-1.9 GB, >= 85% routed\n"
+      "          experts (decode benchmarks)");
+  o.add_options()("arch", "Family: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe, gpt_oss",
+                  cxxopts::value<std::string>()->default_value("mixtral"))(
       "preset", "tiny, small or medium", cxxopts::value<std::string>()->default_value("tiny"))(
       "seed", "Random seed", cxxopts::value<uint64_t>()->default_value("0"))(
       "out", "Output directory", cxxopts::value<std::string>())(
