@@ -235,3 +235,128 @@ TEST(Families, MalformedMxfp4TensorsAreRefused) {
   EXPECT_NE(r.err.find("gate_up_proj_blocks' has shape"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(tmp.file("out.colibri")));
 }
+
+// Configs shaped like the published checkpoints' config.json files (written
+// from their model cards; older key spellings such as rope_scaling.type, a
+// top-level partial_rotary_factor, eos lists, null rope_scaling) parse into
+// the structure each model has.
+TEST(Families, PublishedConfigsParse) {
+  {
+    SCOPED_TRACE("DeepSeek-V3 (bf16 conversion)");
+    json j = json::parse(R"({"architectures":["DeepseekV3ForCausalLM"],"model_type":"deepseek_v3","vocab_size":129280,
+      "hidden_size":7168,"intermediate_size":18432,"moe_intermediate_size":2048,"num_hidden_layers":61,
+      "num_attention_heads":128,"num_key_value_heads":128,"n_shared_experts":1,"n_routed_experts":256,
+      "routed_scaling_factor":2.5,"kv_lora_rank":512,"q_lora_rank":1536,"qk_rope_head_dim":64,"v_head_dim":128,
+      "qk_nope_head_dim":128,"topk_method":"noaux_tc","n_group":8,"topk_group":4,"num_experts_per_tok":8,
+      "moe_layer_freq":1,"first_k_dense_replace":3,"norm_topk_prob":true,"scoring_func":"sigmoid",
+      "hidden_act":"silu","max_position_embeddings":163840,"rms_norm_eps":1e-6,"tie_word_embeddings":false,
+      "rope_theta":10000,"rope_scaling":{"beta_fast":32,"beta_slow":1,"factor":40,"mscale":1.0,
+      "mscale_all_dim":1.0,"original_max_position_embeddings":4096,"type":"yarn"},"bos_token_id":0,"eos_token_id":1})");
+    ModelConfig c = ModelConfig::from_hf(j);
+    EXPECT_EQ(c.architecture, "deepseek_v3");
+    EXPECT_EQ(c.num_moe_layers(), 58);
+    EXPECT_EQ(c.moe_index(3), 0);
+    EXPECT_EQ(c.routing.group_select, "top2_sum");
+    EXPECT_EQ(c.routing.n_group, 8);
+    EXPECT_EQ(c.shared_intermediate_size, 2048);
+    EXPECT_EQ(c.rope_dim, 64);
+    EXPECT_TRUE(c.rope_interleaved);
+    EXPECT_EQ(c.rope_scaling.type, "yarn");
+    EXPECT_DOUBLE_EQ(c.rope_scaling.attention_factor, 1.0);  // mscale == mscale_all_dim
+    const double m = 0.1 * std::log(40.0) + 1.0;
+    EXPECT_NEAR(c.attn_scale, m * m / std::sqrt(192.0), 1e-12);
+    j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}};
+    expect_error([&] { ModelConfig::from_hf(j); }, Status::Unsupported, {"quantization_config.quant_method", "fp8"});
+  }
+  {
+    SCOPED_TRACE("DeepSeek-V2-Lite");
+    ModelConfig c = ModelConfig::from_hf(json::parse(R"({"architectures":["DeepseekV2ForCausalLM"],
+      "attention_bias":false,"bos_token_id":100000,"eos_token_id":100001,"first_k_dense_replace":1,"hidden_act":"silu",
+      "hidden_size":2048,"intermediate_size":10944,"kv_lora_rank":512,"max_position_embeddings":163840,
+      "model_type":"deepseek_v2","moe_intermediate_size":1408,"moe_layer_freq":1,"n_group":1,"n_routed_experts":64,
+      "n_shared_experts":2,"norm_topk_prob":false,"num_attention_heads":16,"num_experts_per_tok":6,
+      "num_hidden_layers":27,"num_key_value_heads":16,"q_lora_rank":null,"qk_nope_head_dim":128,"qk_rope_head_dim":64,
+      "rms_norm_eps":1e-06,"rope_scaling":{"beta_fast":32,"beta_slow":1,"factor":40,"mscale":0.707,
+      "mscale_all_dim":0.707,"original_max_position_embeddings":4096,"type":"yarn"},"rope_theta":10000,
+      "routed_scaling_factor":1.0,"scoring_func":"softmax","tie_word_embeddings":false,"topk_group":1,
+      "topk_method":"greedy","v_head_dim":128,"vocab_size":102400})"));
+    EXPECT_EQ(c.attention, "mla");
+    EXPECT_EQ(c.q_lora_rank, 0);
+    EXPECT_EQ(c.num_moe_layers(), 26);
+    EXPECT_EQ(c.shared_intermediate_size, 2816);
+    EXPECT_EQ(c.routing.group_select, "none");
+    EXPECT_FALSE(c.routing.norm_topk_prob);
+  }
+  {
+    SCOPED_TRACE("gpt-oss-20b");
+    json j = json::parse(R"({"architectures":["GptOssForCausalLM"],"attention_bias":true,"eos_token_id":200002,
+      "head_dim":64,"hidden_act":"silu","hidden_size":2880,"initial_context_length":4096,"intermediate_size":2880,
+      "max_position_embeddings":131072,"model_type":"gpt_oss","num_attention_heads":64,"num_experts_per_tok":4,
+      "num_hidden_layers":24,"num_key_value_heads":8,"num_local_experts":32,"pad_token_id":199999,
+      "quantization_config":{"modules_to_not_convert":["model.layers.*.self_attn","model.layers.*.mlp.router",
+      "model.embed_tokens","lm_head"],"quant_method":"mxfp4"},"rms_norm_eps":1e-05,"rope_scaling":{"beta_fast":32.0,
+      "beta_slow":1.0,"factor":32.0,"original_max_position_embeddings":4096,"rope_type":"yarn","truncate":false},
+      "rope_theta":150000,"sliding_window":128,"swiglu_limit":7.0,"tie_word_embeddings":false,"vocab_size":201088})");
+    j["layer_types"] = json::array();
+    for (int l = 0; l < 24; ++l) j["layer_types"].push_back(l % 2 ? "full_attention" : "sliding_attention");
+    ModelConfig c = ModelConfig::from_hf(j);
+    EXPECT_EQ(c.window(0), 128);
+    EXPECT_EQ(c.window(1), 0);
+    EXPECT_TRUE(c.attn_sinks && c.expert_bias && c.routing.router_bias);
+    EXPECT_EQ(c.expert_act, "swiglu_oai");
+    EXPECT_FALSE(c.rope_scaling.truncate);
+    EXPECT_NEAR(c.rope_scaling.attention_factor, 0.1 * std::log(32.0) + 1.0, 1e-12);
+    EXPECT_EQ(c.eos_token_id, 200002);
+  }
+  {
+    SCOPED_TRACE("Qwen3-30B-A3B");
+    ModelConfig c = ModelConfig::from_hf(json::parse(R"({"architectures":["Qwen3MoeForCausalLM"],"attention_bias":false,
+      "bos_token_id":151643,"decoder_sparse_step":1,"eos_token_id":151645,"head_dim":128,"hidden_act":"silu",
+      "hidden_size":2048,"intermediate_size":6144,"max_position_embeddings":40960,"max_window_layers":48,
+      "mlp_only_layers":[],"model_type":"qwen3_moe","moe_intermediate_size":768,"norm_topk_prob":true,
+      "num_attention_heads":32,"num_experts":128,"num_experts_per_tok":8,"num_hidden_layers":48,
+      "num_key_value_heads":4,"rms_norm_eps":1e-06,"rope_scaling":null,"rope_theta":1000000.0,"sliding_window":null,
+      "tie_word_embeddings":false,"use_sliding_window":false,"vocab_size":151936})"));
+    EXPECT_EQ(c.num_experts, 128);
+    EXPECT_EQ(c.num_moe_layers(), 48);
+    EXPECT_EQ(c.qk_norm, "head");
+    EXPECT_EQ(c.head_dim, 128);
+    EXPECT_EQ(c.window(7), 0);
+  }
+  {
+    SCOPED_TRACE("Qwen1.5-MoE-A2.7B");
+    ModelConfig c = ModelConfig::from_hf(json::parse(R"({"architectures":["Qwen2MoeForCausalLM"],"decoder_sparse_step":1,
+      "hidden_size":2048,"intermediate_size":5632,"max_position_embeddings":8192,"max_window_layers":21,
+      "model_type":"qwen2_moe","moe_intermediate_size":1408,"norm_topk_prob":false,"num_attention_heads":16,
+      "num_experts":60,"num_experts_per_tok":4,"num_hidden_layers":24,"num_key_value_heads":16,"rms_norm_eps":1e-06,
+      "rope_theta":1000000.0,"shared_expert_intermediate_size":5632,"sliding_window":32768,"use_sliding_window":false,
+      "tie_word_embeddings":false,"vocab_size":151936})"));
+    EXPECT_TRUE(c.qkv_bias);  // Qwen2 attention has q/k/v biases unless qkv_bias says otherwise
+    EXPECT_TRUE(c.shared_expert_gate);
+    EXPECT_EQ(c.shared_intermediate_size, 5632);
+    for (int64_t l = 0; l < 24; ++l) EXPECT_EQ(c.window(l), 0);
+  }
+  {
+    SCOPED_TRACE("OLMoE-1B-7B and GLM-4.5-Air");
+    ModelConfig o = ModelConfig::from_hf(json::parse(R"({"architectures":["OlmoeForCausalLM"],"attention_bias":false,
+      "clip_qkv":null,"eos_token_id":50279,"hidden_act":"silu","hidden_size":2048,"intermediate_size":1024,
+      "max_position_embeddings":4096,"model_type":"olmoe","norm_topk_prob":false,"num_attention_heads":16,
+      "num_experts":64,"num_experts_per_tok":8,"num_hidden_layers":16,"num_key_value_heads":16,"pad_token_id":1,
+      "rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":10000.0,"tie_word_embeddings":false,"vocab_size":50304})"));
+    EXPECT_EQ(o.qk_norm, "full");
+    EXPECT_EQ(o.clip_qkv, 0);
+    ModelConfig g = ModelConfig::from_hf(json::parse(R"({"architectures":["Glm4MoeForCausalLM"],"attention_bias":true,
+      "eos_token_id":[151329,151336,151338],"first_k_dense_replace":1,"head_dim":128,"hidden_act":"silu",
+      "hidden_size":4096,"intermediate_size":10944,"max_position_embeddings":131072,"model_type":"glm4_moe",
+      "moe_intermediate_size":1408,"n_group":1,"n_routed_experts":128,"n_shared_experts":1,"norm_topk_prob":true,
+      "num_attention_heads":96,"num_experts_per_tok":8,"num_hidden_layers":46,"num_key_value_heads":8,
+      "num_nextn_predict_layers":1,"partial_rotary_factor":0.5,"rms_norm_eps":1e-05,"rope_scaling":null,
+      "rope_theta":1000000,"routed_scaling_factor":1.0,"tie_word_embeddings":false,"topk_group":1,
+      "use_qk_norm":false,"vocab_size":151552})"));
+    EXPECT_EQ(g.rope_dim, 64);
+    EXPECT_TRUE(g.qkv_bias && !g.o_bias);
+    EXPECT_EQ(g.routing.scoring, "sigmoid");
+    EXPECT_EQ(g.eos_token_id, 151329);
+    EXPECT_EQ(g.num_moe_layers(), 45);
+  }
+}
