@@ -155,7 +155,9 @@ ModelConfig ModelConfig::from_hf(const json& hf) {
   c.num_kv_heads = get_or<int64_t>(hf, "num_key_value_heads", c.num_heads, what);
   c.head_dim = get_or<int64_t>(hf, "head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0, what);
   c.max_position_embeddings = get_or<int64_t>(hf, "max_position_embeddings", 4096, what);
-  c.rms_norm_eps = get_or<double>(hf, "rms_norm_eps", 1e-6, what);
+  // NOTE: absent keys take the defaults of the family's transformers config class.
+  const bool eps5 = mixtral || olmoe || glm || oss;
+  c.rms_norm_eps = get_or<double>(hf, "rms_norm_eps", eps5 ? 1e-5 : 1e-6, what);
   c.tie_word_embeddings = get_or<bool>(hf, "tie_word_embeddings", false, what);
   c.hidden_act = get_or<std::string>(hf, "hidden_act", "silu", what);
   c.bos_token_id = token_id(hf, "bos_token_id");
@@ -312,7 +314,8 @@ ModelConfig ModelConfig::from_hf(const json& hf) {
 
   // Rotary embedding.
   const json rp = rope_params(hf);
-  c.rope_theta = get_or<double>(rp, "rope_theta", get_or<double>(hf, "rope_theta", 10000.0, what), what);
+  const double default_theta = mixtral ? 1e6 : oss ? 150000.0 : 10000.0;
+  c.rope_theta = get_or<double>(rp, "rope_theta", get_or<double>(hf, "rope_theta", default_theta, what), what);
   if (!c.rope_dim) {
     const double partial = get_or<double>(rp, "partial_rotary_factor", get_or<double>(hf, "partial_rotary_factor", 1.0, what), what);
     if (!(partial > 0 && partial <= 1)) throw Error(Status::Format, "config.json: field 'partial_rotary_factor' must be in (0, 1]");
