@@ -29,11 +29,13 @@ int cmd_synth(int argc, char** argv) {
       "               biases, clamped SwiGLU, router bias, YaRN\n"
       "\n"
       "Presets (--preset; default dtype f32 for tiny and small, bf16 for medium):\n"
-      "  tiny    2-4 layers, hidden 128, vocab 512: 4-5 MB\n"
-      "  small   4-5 layers, hidden 512, vocab 4096: 210-260 MB\n"
-      "  medium  8-9 layers, hidden 1024, vocab 32000: 1.5-1.9 GB, >= 85% routed\n"
-      "          experts (decode benchmarks)");
-  o.add_options()("arch", "Family: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe, gpt_oss",
+      "  tiny    2-3 layers, hidden 128, vocab 512, 4-16 experts: 3-6 MB\n"
+      "  small   4-5 layers, hidden 512, vocab 4096, 8-32 experts: 0.23-0.27 GB\n"
+      "  medium  8-9 layers, hidden 1024, vocab 32000, 8-64 experts: 1.6-1.9 GB,\n"
+      "          >= 85% of it routed experts (decode benchmarks)");
+  o.add_options()("arch",
+                  "Family: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe, "
+                  "gpt_oss",
                   cxxopts::value<std::string>()->default_value("mixtral"))(
       "preset", "tiny, small or medium", cxxopts::value<std::string>()->default_value("tiny"))(
       "seed", "Random seed", cxxopts::value<uint64_t>()->default_value("0"))(

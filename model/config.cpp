@@ -193,7 +193,7 @@ ModelConfig ModelConfig::from_hf(const json& hf) {
         for (const auto& v : hf["mlp_only_layers"]) only |= v.is_number_integer() && v.get<int64_t>() == l;
       moe = !only && c.num_experts > 0 && (l + 1) % step == 0;
     } else if (deepseek || glm) {
-      moe = l >= get_or<int64_t>(hf, "first_k_dense_replace", 0, what);
+      moe = l >= get_or<int64_t>(hf, "first_k_dense_replace", dsv3 ? 3 : glm ? 1 : 0, what);
       if (get_or<int64_t>(hf, "moe_layer_freq", 1, what) != 1)
         unsupported(fam, "field 'moe_layer_freq' other than 1 is not supported");
     }
@@ -202,10 +202,11 @@ ModelConfig ModelConfig::from_hf(const json& hf) {
   if (c.moe_layers.size() < static_cast<size_t>(c.num_layers) && c.dense_intermediate_size <= 0)
     throw Error(Status::Format, "config.json: field 'intermediate_size' (the dense layers' MLP) is missing");
   if (qwen2) {
-    c.shared_intermediate_size = get_or<int64_t>(hf, "shared_expert_intermediate_size", 0, what);
+    c.shared_intermediate_size = get_or<int64_t>(hf, "shared_expert_intermediate_size", 5632, what);
     c.shared_expert_gate = c.shared_intermediate_size > 0;
   }
-  if (deepseek || glm) c.shared_intermediate_size = get_or<int64_t>(hf, "n_shared_experts", 0, what) * c.intermediate_size;
+  if (deepseek || glm)
+    c.shared_intermediate_size = get_or<int64_t>(hf, "n_shared_experts", dsv2 ? 2 : 1, what) * c.intermediate_size;
   if (dsv2 && get_or<bool>(hf, "mlp_bias", false, what)) unsupported(fam, "field 'mlp_bias': true is not supported");
 
   // Routing.
@@ -230,10 +231,10 @@ ModelConfig ModelConfig::from_hf(const json& hf) {
     r.scoring = "sigmoid";
     r.group_select = "top2_sum";
     r.score_bias = true;
-    r.n_group = get_or<int64_t>(hf, "n_group", 1, what);
-    r.topk_group = get_or<int64_t>(hf, "topk_group", 1, what);
+    r.n_group = get_or<int64_t>(hf, "n_group", dsv3 ? 8 : 1, what);
+    r.topk_group = get_or<int64_t>(hf, "topk_group", dsv3 ? 4 : 1, what);
     r.norm_topk_prob = get_or<bool>(hf, "norm_topk_prob", true, what);
-    r.routed_scaling_factor = get_or<float>(hf, "routed_scaling_factor", 1.0f, what);
+    r.routed_scaling_factor = get_or<float>(hf, "routed_scaling_factor", dsv3 ? 2.5f : 1.0f, what);
     if (dsv3 && hf.contains("topk_method") && get_or<std::string>(hf, "topk_method", "noaux_tc", what) != "noaux_tc")
       unsupported(fam, "field 'topk_method': '" + hf["topk_method"].get<std::string>() + "' (supported: noaux_tc)");
     if (hf.contains("scoring_func") && get_or<std::string>(hf, "scoring_func", "sigmoid", what) != "sigmoid")
@@ -313,11 +314,15 @@ ModelConfig ModelConfig::from_hf(const json& hf) {
   }
 
   // Rotary embedding.
-  const json rp = rope_params(hf);
+  json rp = rope_params(hf);
+  if (oss && rp.empty())  // GptOssConfig's default rope_parameters
+    rp = json{{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0}, {"truncate", false},
+              {"original_max_position_embeddings", 4096}};
   const double default_theta = mixtral ? 1e6 : oss ? 150000.0 : 10000.0;
   c.rope_theta = get_or<double>(rp, "rope_theta", get_or<double>(hf, "rope_theta", default_theta, what), what);
   if (!c.rope_dim) {
-    const double partial = get_or<double>(rp, "partial_rotary_factor", get_or<double>(hf, "partial_rotary_factor", 1.0, what), what);
+    const double partial = get_or<double>(rp, "partial_rotary_factor",
+                                          get_or<double>(hf, "partial_rotary_factor", glm ? 0.5 : 1.0, what), what);
     if (!(partial > 0 && partial <= 1)) throw Error(Status::Format, "config.json: field 'partial_rotary_factor' must be in (0, 1]");
     c.rope_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
   }
@@ -332,7 +337,9 @@ ModelConfig ModelConfig::from_hf(const json& hf) {
   if (t_scaling != "default" && t_params != "default" && t_scaling != t_params)
     throw Error(Status::Format, "config.json: fields 'rope_scaling.type' ('" + t_scaling +
                                     "') and 'rope_parameters.rope_type' ('" + t_params + "') disagree");
-  const std::string rope_type = t_scaling != "default" ? t_scaling : t_params;
+  std::string rope_type = t_scaling != "default" ? t_scaling : t_params;
+  if (rope_type == "default" && rp.contains("rope_type") && rp["rope_type"].is_string())
+    rope_type = rp["rope_type"].get<std::string>();  // gpt-oss's default YaRN
   if (rope_type == "yarn") {
     RopeScaling& y = c.rope_scaling;
     y.type = "yarn";

@@ -157,6 +157,7 @@ std::vector<HfTensor> hf_checkpoint_plan(const ModelConfig& cfg) {
     if (src.kind == DenseSource::KvbV) continue;  // the same tensor as KvbK
     HfTensor t{src.name, source_shape(cfg, spec, src), HfTensor::Matrix};
     if (spec.name == tname::token_embd()) t.kind = HfTensor::Embedding;
+    else if (t.shape.size() == 2) t.kind = HfTensor::Matrix;  // Qwen2-MoE's shared_expert_gate, a Linear(H, 1)
     else if (spec.is_norm) t.kind = spec.name.find("norm") != std::string::npos ? HfTensor::Norm : HfTensor::Bias;
     out.push_back(std::move(t));
   }

@@ -64,6 +64,9 @@ Dims dims_for(const std::string& arch, int preset) {
     d.vocab = vocab, d.hidden = hidden, d.layers = layers, d.heads = heads, d.kv_heads = kv, d.head_dim = hd;
   };
   auto moe = [&](int64_t e, int64_t k, int64_t inter) { d.experts = e, d.top_k = k, d.inter = inter; };
+  auto mla = [&](int64_t q_lora, int64_t kv_lora, int64_t nope, int64_t rope, int64_t v) {
+    d.q_lora = q_lora, d.kv_lora = kv_lora, d.nope = nope, d.rope = rope, d.v = v;
+  };
   const int64_t ctx[3] = {512, 2048, 4096};
   d.ctx = ctx[preset];
   if (arch == "mixtral") {
@@ -85,18 +88,21 @@ Dims dims_for(const std::string& arch, int preset) {
     if (preset == 1) common(4096, 512, 4, 8, 8, 64), moe(32, 4, 256);
     if (preset == 2) common(32000, 1024, 8, 16, 16, 64), moe(64, 8, 512);
   } else if (arch == "deepseek_v2") {
-    // Layer 0 dense, 2 shared experts, group-limited greedy routing, MLA
-    // without a q low-rank projection (as DeepSeek-V2-Lite).
+    // Layer 0 dense, 2 shared experts, group-limited greedy routing (2 of 4
+    // groups), MLA without a q low-rank projection (as DeepSeek-V2-Lite).
     d.shared = 2, d.n_group = 4, d.topk_group = 2;
-    if (preset == 0) common(512, 128, 3, 4, 4, 0), moe(16, 4, 64), d.dense_inter = 256, d.kv_lora = 64, d.nope = 32, d.rope = 16, d.v = 32;
-    if (preset == 1) common(4096, 512, 5, 8, 8, 0), moe(32, 4, 256), d.dense_inter = 1536, d.kv_lora = 256, d.nope = 64, d.rope = 32, d.v = 64;
-    if (preset == 2) common(32000, 1024, 9, 16, 16, 0), moe(64, 6, 512), d.dense_inter = 2048, d.kv_lora = 256, d.nope = 64, d.rope = 32, d.v = 64;
+    if (preset == 0) common(512, 128, 3, 4, 4, 0), moe(16, 4, 64), d.dense_inter = 256, mla(0, 64, 32, 16, 32);
+    if (preset == 1) common(4096, 512, 5, 8, 8, 0), moe(32, 4, 256), d.dense_inter = 1536, mla(0, 256, 64, 32, 64);
+    if (preset == 2) common(32000, 1024, 9, 16, 16, 0), moe(64, 6, 512), d.dense_inter = 2048, mla(0, 256, 64, 32, 64);
   } else if (arch == "deepseek_v3") {
     // Layer 0 dense, 1 shared expert, sigmoid routing over groups, MLA with q_lora.
-    d.shared = 1;
-    if (preset == 0) common(512, 128, 3, 4, 4, 0), moe(16, 4, 64), d.dense_inter = 256, d.q_lora = 64, d.kv_lora = 64, d.nope = 32, d.rope = 16, d.v = 32, d.n_group = 4, d.topk_group = 2;
-    if (preset == 1) common(4096, 512, 5, 8, 8, 0), moe(32, 4, 256), d.dense_inter = 1536, d.q_lora = 256, d.kv_lora = 256, d.nope = 64, d.rope = 32, d.v = 64, d.n_group = 4, d.topk_group = 2;
-    if (preset == 2) common(32000, 1024, 9, 16, 16, 0), moe(64, 8, 512), d.dense_inter = 2816, d.q_lora = 512, d.kv_lora = 512, d.nope = 64, d.rope = 32, d.v = 64, d.n_group = 8, d.topk_group = 4;
+    d.shared = 1, d.n_group = 4, d.topk_group = 2;
+    if (preset == 0) common(512, 128, 3, 4, 4, 0), moe(16, 4, 64), d.dense_inter = 256, mla(64, 64, 32, 16, 32);
+    if (preset == 1) common(4096, 512, 5, 8, 8, 0), moe(32, 4, 256), d.dense_inter = 1536, mla(256, 256, 64, 32, 64);
+    if (preset == 2) {
+      common(32000, 1024, 9, 16, 16, 0), moe(64, 8, 512), d.dense_inter = 2816, mla(512, 512, 64, 32, 64);
+      d.n_group = 8, d.topk_group = 4;
+    }
   } else if (arch == "glm4_moe") {
     // Layer 0 dense, 1 shared expert, sigmoid routing, partial rotary, q/k norms, qkv biases.
     d.shared = 1;
@@ -112,7 +118,9 @@ Dims dims_for(const std::string& arch, int preset) {
   return d;
 }
 
-const char* dtype_json_name(DType dt) { return dt == DType::F32 ? "float32" : dt == DType::BF16 ? "bfloat16" : "float16"; }
+const char* dtype_json_name(DType dt) {
+  return dt == DType::F32 ? "float32" : dt == DType::BF16 ? "bfloat16" : "float16";
+}
 
 // The Hugging Face config.json of the family, with the keys its transformers
 // configuration class uses (in the form save_pretrained writes, except Mixtral,
@@ -390,7 +398,9 @@ uint64_t synthesize_model(const std::string& out_dir, const SynthOptions& opts) 
       } else {
         // Attention sinks are logits that matter next to q.k; the score
         // correction bias only nudges the expert selection.
-        const float a = ends_with(t.name, ".sinks") ? 0.5f : ends_with(t.name, "e_score_correction_bias") ? 0.01f : 0.02f;
+        const float a = ends_with(t.name, ".sinks")                    ? 0.5f
+                        : ends_with(t.name, "e_score_correction_bias") ? 0.01f
+                                                                       : 0.02f;
         for (size_t k = 0; k < n; ++k) f32[k] = a * uniform(st);
       }
       out.resize(n * dtype_size(dtype));
