@@ -46,33 +46,6 @@ std::vector<float> optional_f32(const ColibriFile& f, const std::string& name) {
   return t ? to_f32_vector(*t) : std::vector<float>{};
 }
 
-// Rotates the first `rd` dimensions of each of `heads` vectors (stride `stride`).
-// Half layout (Hugging Face rotate_half): i pairs with i + rd/2. Interleaved
-// (DeepSeek): 2i pairs with 2i+1, written back in half layout as transformers
-// does (queries and keys alike, so dot products are unchanged).
-void apply_rope(float* x, int64_t heads, int64_t stride, int64_t rd, bool interleaved, const float* cos,
-                const float* sin) {
-  const int64_t half = rd / 2;
-  float tmp[512];
-  for (int64_t h = 0; h < heads; ++h) {
-    float* v = x + h * stride;
-    if (interleaved) {
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = v[2 * i], b = v[2 * i + 1];
-        tmp[i] = a * cos[i] - b * sin[i];
-        tmp[i + half] = b * cos[i] + a * sin[i];
-      }
-      std::memcpy(v, tmp, static_cast<size_t>(rd) * sizeof(float));
-    } else {
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * cos[i] - b * sin[i];
-        v[i + half] = b * cos[i] + a * sin[i];
-      }
-    }
-  }
-}
-
 void add_bias(float* y, int64_t rows, int64_t width, const std::vector<float>& b) {
   if (b.empty()) return;
   for (int64_t r = 0; r < rows; ++r)
@@ -291,8 +264,8 @@ void Engine::attention_gqa(int layer, int64_t n, const int32_t* seqs, const int3
     }
     const float* cs = rope_cos_.data() + pos[i] * half;
     const float* sn = rope_sin_.data() + pos[i] * half;
-    apply_rope(q, nh, hd, c.rope_dim, c.rope_interleaved, cs, sn);
-    apply_rope(k, nkv, hd, c.rope_dim, c.rope_interleaved, cs, sn);
+    kt.rope(q, nh, hd, c.rope_dim, c.rope_interleaved, cs, sn);
+    kt.rope(k, nkv, hd, c.rope_dim, c.rope_interleaved, cs, sn);
     std::memcpy(kv_->k(layer, seqs[i], pos[i]), k, static_cast<size_t>(KV) * sizeof(float));
     std::memcpy(kv_->v(layer, seqs[i], pos[i]), v, static_cast<size_t>(KV) * sizeof(float));
   }
@@ -307,22 +280,9 @@ void Engine::attention_gqa(int layer, int64_t n, const int32_t* seqs, const int3
     const int64_t p = pos[i], s = seqs[i];
     const int64_t start = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
     float* sc = scores_.data() + static_cast<size_t>(omp_get_thread_num()) * max_ctx_;
-    const float* q = q_.data() + i * Q + h * hd;
-    float mx = -INFINITY;
-    for (int64_t t = start; t <= p; ++t) {
-      float v = kt.dot(q, kv_->k(layer, s, t) + kvh * hd, hd) * scale;
-      sc[t - start] = v;
-      mx = std::max(mx, v);
-    }
-    if (sinks) mx = std::max(mx, sinks[h]);
-    float sum = 0.f;
-    for (int64_t t = 0; t <= p - start; ++t) sum += (sc[t] = std::exp(sc[t] - mx));
-    // gpt-oss: the sink takes part in the softmax and is then dropped.
-    if (sinks) sum += std::exp(sinks[h] - mx);
-    const float inv = 1.0f / sum;
-    float* o = att_.data() + i * Q + h * hd;
-    std::memset(o, 0, static_cast<size_t>(hd) * sizeof(float));
-    for (int64_t t = start; t <= p; ++t) kt.axpy(o, sc[t - start] * inv, kv_->v(layer, s, t) + kvh * hd, hd);
+    // Positions [start, p] of this sequence are consecutive rows of the cache.
+    kt.attend(q_.data() + i * Q + h * hd, hd, kv_->k(layer, s, start) + kvh * hd, kv_->v(layer, s, start) + kvh * hd, KV,
+              p - start + 1, scale, sinks ? sinks + h : nullptr, sc, att_.data() + i * Q + h * hd);
   }
   kernels::gemm(att_.data(), Q, n, w.wo->data, w.wo->dtype, Q, H, tmp_.data(), H);
   add_bias(tmp_.data(), n, H, w.bo);
@@ -355,8 +315,8 @@ void Engine::attention_mla(int layer, int64_t n, const int32_t* seqs, const int3
     kt.rmsnorm(kv, w.kv_a_norm.data(), kv, R, eps);
     const float* cs = rope_cos_.data() + pos[i] * half;
     const float* sn = rope_sin_.data() + pos[i] * half;
-    apply_rope(kv + R, 1, rd, rd, c.rope_interleaved, cs, sn);
-    apply_rope(q_.data() + i * Q + nope, nh, hd, rd, c.rope_interleaved, cs, sn);
+    kt.rope(kv + R, 1, rd, rd, c.rope_interleaved, cs, sn);
+    kt.rope(q_.data() + i * Q + nope, nh, hd, rd, c.rope_interleaved, cs, sn);
     std::memcpy(kv_->k(layer, seqs[i], pos[i]), kv, static_cast<size_t>(KW) * sizeof(float));
   }
   // Absorb W_uk into the queries: lat_q[h] = W_uk[h]^T q_nope[h] (attn_k_b

@@ -202,15 +202,19 @@ def top2_margin(logits_row: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def run_reference(model: MixtralForCausalLM, prompts: list[list[int]], recorder: RouterGapRecorder):
+def run_reference(model, prompts: list[list[int]], recorder, on_phase=None):
     prompt_logits, greedy_logits, greedy_tokens, greedy_margins = [], [], [], []
     recorder.reset()
+    if on_phase:
+        on_phase("prompt")
     for ids in prompts:
         x = torch.tensor([ids], dtype=torch.long)
         prompt_logits.append(model(input_ids=x, use_cache=False).logits[0].float().clone())
     prompt_router_gap = recorder.min_gap
 
     recorder.reset()
+    if on_phase:
+        on_phase("greedy")
     for ids in prompts:
         seq = list(ids)
         step_logits, toks, margins = [], [], []
@@ -1269,46 +1273,20 @@ class FeatureRecorder:
 
 @torch.no_grad()
 def run_family_reference(model, prompts, recorder: RoutingRecorder, features: FeatureRecorder):
-    prompt_logits, greedy_logits, greedy_tokens, greedy_margins = [], [], [], []
-    recorder.reset()
-    recorder.phase = "prompt"
-    features.active = True
-    for ids in prompts:
-        x = torch.tensor([ids], dtype=torch.long)
-        prompt_logits.append(model(input_ids=x, use_cache=False).logits[0].float().clone())
-    prompt_router_gap = recorder.min_gap
+    """run_reference plus the family recorders' gaps, bias and clipping counts."""
+    def phase(name):
+        recorder.phase = name
+        features.active = name == "prompt"
 
-    recorder.reset()
-    recorder.phase = "greedy"
-    features.active = False
-    for ids in prompts:
-        seq = list(ids)
-        step_logits, toks, margins = [], [], []
-        for _ in range(NUM_NEW_TOKENS):
-            x = torch.tensor([seq], dtype=torch.long)
-            last = model(input_ids=x, use_cache=False).logits[0, -1].float().clone()
-            tok = int(torch.argmax(last))
-            step_logits.append(last)
-            toks.append(tok)
-            margins.append(top2_margin(last))
-            seq.append(tok)
-        greedy_logits.append(torch.stack(step_logits))
-        greedy_tokens.append(toks)
-        greedy_margins.append(margins)
-    greedy_router_gap = recorder.min_gap
-    return dict(
-        prompt_logits=prompt_logits,
-        greedy_logits=greedy_logits,
-        greedy_tokens=greedy_tokens,
-        greedy_margins=greedy_margins,
-        prompt_router_gap=prompt_router_gap,
-        greedy_router_gap=greedy_router_gap,
+    res = run_reference(model, prompts, recorder, on_phase=phase)
+    res.update(
         min_expert_gap=recorder.min_expert_gap,
         min_group_gap=recorder.min_group_gap,
         bias_changed=recorder.bias_changed,
         bias_total=recorder.bias_total,
         feature_fractions=features.fractions(),
     )
+    return res
 
 
 # ------------------------------------------------- independent float64 reference for the families

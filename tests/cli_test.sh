@@ -19,36 +19,9 @@ FIX=$2
 T=$(mktemp -d "${TMPDIR:-/tmp}/colibri-cli.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 
-CHECKS=0
-step() { echo "== $*"; }
-pass() { CHECKS=$((CHECKS + 1)); echo "   ok: $*"; }
-fail() {
-  echo "FAIL: $*" >&2
-  if [ -s "$T/out" ]; then echo "--- stdout (last 20 lines):" >&2; tail -n 20 "$T/out" >&2; fi
-  if [ -s "$T/err" ]; then echo "--- stderr (last 20 lines):" >&2; tail -n 20 "$T/err" >&2; fi
-  exit 1
-}
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
 
-# run CMD...: runs the command with stdout in $T/out, stderr in $T/err and its
-# exit status in RC; never stops the script itself.
-RC=0
-run() {
-  set +e
-  "$@" >"$T/out" 2>"$T/err"
-  RC=$?
-  set -e
-}
-# expect_rc WANT WHAT CMD...: runs CMD and requires exit status WANT.
-expect_rc() {
-  local want=$1 what=$2
-  shift 2
-  run "$@"
-  [ "$RC" -eq "$want" ] || fail "$what: exit status $RC, expected $want (command: $*)"
-  pass "$what (exit $want)"
-}
-# out_has TEXT / err_has TEXT: fixed-string search in the last command's output.
-out_has() { grep -qF -- "$1" "$T/out" || fail "stdout lacks '$1'"; }
-err_has() { grep -qF -- "$1" "$T/err" || fail "stderr lacks '$1'"; }
 # no_tmp FILE: FILE.tmp must not exist.
 no_tmp() { [ ! -e "$1.tmp" ] || fail "$1.tmp was left behind"; }
 # sequences: the "sequence N:" lines of the last command.

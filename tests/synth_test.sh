@@ -24,34 +24,9 @@ trap 'rm -rf "$T"' EXIT
 
 FAMILIES="mixtral qwen2_moe qwen3_moe olmoe deepseek_v2 deepseek_v3 glm4_moe gpt_oss"
 
-CHECKS=0
-step() { echo "== $*"; }
-pass() { CHECKS=$((CHECKS + 1)); echo "   ok: $*"; }
-fail() {
-  echo "FAIL: $*" >&2
-  if [ -s "$T/out" ]; then echo "--- stdout (last 20 lines):" >&2; tail -n 20 "$T/out" >&2; fi
-  if [ -s "$T/err" ]; then echo "--- stderr (last 20 lines):" >&2; tail -n 20 "$T/err" >&2; fi
-  exit 1
-}
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
 
-# run CMD...: stdout in $T/out, stderr in $T/err, exit status in RC.
-RC=0
-run() {
-  set +e
-  "$@" >"$T/out" 2>"$T/err"
-  RC=$?
-  set -e
-}
-# expect_rc WANT WHAT CMD...: runs CMD and requires exit status WANT.
-expect_rc() {
-  local want=$1 what=$2
-  shift 2
-  run "$@"
-  [ "$RC" -eq "$want" ] || fail "$what: exit status $RC, expected $want (command: $*)"
-  pass "$what (exit $want)"
-}
-out_has() { grep -qF -- "$1" "$T/out" || fail "stdout lacks '$1'"; }
-err_has() { grep -qF -- "$1" "$T/err" || fail "stderr lacks '$1'"; }
 # same_files A B: every file of directory A exists in B with the same bytes, and B has no others.
 same_files() {
   local a=$1 b=$2 f

@@ -1,8 +1,9 @@
-// test_kernels.cpp: every CPU kernel, generic and AVX2, against a double
-// precision reference on random shapes with odd sizes and tails.
+// test_kernels.cpp: every CPU kernel, generic, AVX2 and AVX-512, against a
+// double precision reference on random shapes with odd sizes and tails.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cpu/kernels.h"
 #include "model/dtype.h"
@@ -16,6 +17,7 @@ namespace {
 std::vector<const KernelTable*> tables() {
   std::vector<const KernelTable*> t = {&kernels::generic_table()};
   if (kernels::cpu_has_avx2()) t.push_back(&kernels::avx2_table());
+  if (kernels::cpu_has_avx512()) t.push_back(&kernels::avx512_table());
   return t;
 }
 
@@ -34,7 +36,9 @@ TEST(Kernels, GemmMatchesReferenceForEveryDtypeAndShape) {
   uint64_t seed = test::test_seed();
   COLIBRI_SEED_TRACE(seed);
   std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> dim(1, 70), rows_d(1, 9);
+  // NOTE: up to 200 inputs covers AVX-512's 32-element steps, its 16-element
+  // step and every tail; up to 13 rows every tile remainder (4, 2, 1 rows).
+  std::uniform_int_distribution<int> dim(1, 200), rows_d(1, 13);
   for (const KernelTable* kt : tables()) {
     SCOPED_TRACE(kt->name);
     for (DType t : {DType::F32, DType::BF16, DType::F16}) {
@@ -140,12 +144,132 @@ TEST(Kernels, RmsNormSiluAxpyDotMatchReference) {
   }
 }
 
+// The vectorised exp inside silu over its whole range (clamped far out).
+TEST(Kernels, SiluOverAWideRange) {
+  uint64_t seed = test::test_seed();
+  COLIBRI_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (const KernelTable* kt : tables()) {
+    SCOPED_TRACE(kt->name);
+    auto x = test::random_floats(rng, 4099, -120.f, 120.f), u = test::random_floats(rng, 4099, -2.f, 2.f);
+    auto g = x;
+    kt->silu_mul(g.data(), u.data(), 4099);
+    for (int i = 0; i < 4099; ++i) {
+      const double s = x[i] / (1.0 + std::exp(-static_cast<double>(x[i]))) * u[i];
+      ASSERT_NEAR(g[i], s, 1e-6 * (1 + std::fabs(s))) << "x = " << x[i];
+    }
+  }
+}
+
+// Rotary embedding, half-split and interleaved pairs, partial (rd < head size).
+TEST(Kernels, RopeMatchesReference) {
+  uint64_t seed = test::test_seed();
+  COLIBRI_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (const KernelTable* kt : tables()) {
+    SCOPED_TRACE(kt->name);
+    for (int trial = 0; trial < 30; ++trial) {
+      const int half = 1 + static_cast<int>(rng() % 70), rd = 2 * half, stride = rd + static_cast<int>(rng() % 9);
+      const int heads = 1 + static_cast<int>(rng() % 4);
+      const bool inter = trial % 2;
+      auto x = test::random_floats(rng, static_cast<size_t>(heads * stride), -2.f, 2.f);
+      auto ang = test::random_floats(rng, half, -3.f, 3.f);
+      std::vector<float> c(half), sn(half);
+      for (int i = 0; i < half; ++i) c[i] = std::cos(ang[i]), sn[i] = std::sin(ang[i]);
+      auto y = x;
+      kt->rope(y.data(), heads, stride, rd, inter, c.data(), sn.data());
+      for (int h = 0; h < heads; ++h) {
+        const float* v = x.data() + h * stride;
+        for (int i = 0; i < half; ++i) {
+          const double a = inter ? v[2 * i] : v[i], b = inter ? v[2 * i + 1] : v[i + half];
+          ASSERT_NEAR(y[h * stride + i], a * c[i] - b * sn[i], 1e-6) << "head " << h << " pair " << i;
+          ASSERT_NEAR(y[h * stride + i + half], b * c[i] + a * sn[i], 1e-6);
+        }
+        for (int i = rd; i < stride; ++i) ASSERT_EQ(y[h * stride + i], v[i]) << "dimension past rd changed";
+      }
+    }
+  }
+}
+
+// Attention of one query over n cached rows, with and without a sink logit.
+TEST(Kernels, AttendMatchesReference) {
+  uint64_t seed = test::test_seed();
+  COLIBRI_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (const KernelTable* kt : tables()) {
+    SCOPED_TRACE(kt->name);
+    for (int trial = 0; trial < 40; ++trial) {
+      const int d = 1 + static_cast<int>(rng() % 130), n = 1 + static_cast<int>(rng() % 300);
+      const int stride = d + static_cast<int>(rng() % 5);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      auto q = test::random_floats(rng, d, -2.f, 2.f);
+      auto k = test::random_floats(rng, static_cast<size_t>(n * stride), -2.f, 2.f);
+      auto v = test::random_floats(rng, static_cast<size_t>(n * stride), -1.f, 1.f);
+      const float sink = trial % 2 ? 1.5f : 0.f;
+      std::vector<float> scores(n, NAN), out(d, NAN);
+      kt->attend(q.data(), d, k.data(), v.data(), stride, n, scale, trial % 2 ? &sink : nullptr, scores.data(), out.data());
+      std::vector<double> p(n);
+      double mx = trial % 2 ? sink : -1e300, sum = 0;
+      for (int t = 0; t < n; ++t) {
+        double s = 0;
+        for (int i = 0; i < d; ++i) s += static_cast<double>(q[i]) * k[t * stride + i];
+        p[t] = s * scale;
+        mx = std::max(mx, p[t]);
+      }
+      for (int t = 0; t < n; ++t) sum += (p[t] = std::exp(p[t] - mx));
+      if (trial % 2) sum += std::exp(sink - mx);
+      for (int i = 0; i < d; ++i) {
+        double ref = 0;
+        for (int t = 0; t < n; ++t) ref += p[t] / sum * v[t * stride + i];
+        ASSERT_NEAR(out[i], ref, 2e-5) << "d " << d << " n " << n << " element " << i;
+      }
+    }
+  }
+}
+
+// A row's result does not depend on the rows beside it or on how the outputs
+// are split between threads: bitwise, for every table and dtype.
+TEST(Kernels, GemmRowsAreBatchAndSplitInvariant) {
+  uint64_t seed = test::test_seed();
+  COLIBRI_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> dim(1, 300), rows_d(2, 17);
+  for (const KernelTable* kt : tables()) {
+    SCOPED_TRACE(kt->name);
+    for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+      SCOPED_TRACE(dtype_name(t));
+      for (int trial = 0; trial < 20; ++trial) {
+        const int in = dim(rng), out = dim(rng), rows = rows_d(rng);
+        auto x = test::random_floats(rng, static_cast<size_t>(rows * in));
+        std::vector<float> wseen;
+        auto w = store(test::random_floats(rng, static_cast<size_t>(out * in)), t, &wseen);
+        std::vector<float> batch(static_cast<size_t>(rows * out), NAN), alone(batch.size(), NAN);
+        kt->gemm(x.data(), in, rows, w.data(), t, in, 0, out, batch.data(), out);
+        const int cut = out / 3;
+        for (int r = 0; r < rows; ++r) {
+          // Each row alone, its outputs computed in two calls.
+          kt->gemm(x.data() + r * in, in, 1, w.data(), t, in, 0, cut, alone.data() + r * out, out);
+          kt->gemm(x.data() + r * in, in, 1, w.data(), t, in, cut, out, alone.data() + r * out, out);
+        }
+        ASSERT_EQ(std::memcmp(batch.data(), alone.data(), batch.size() * sizeof(float)), 0)
+            << "rows " << rows << " in " << in << " out " << out;
+      }
+    }
+  }
+}
+
 TEST(Kernels, SelectFallsBackLoudly) {
-  EXPECT_FALSE(kernels::select("avx512"));
+  EXPECT_FALSE(kernels::select("avx1024"));
+  EXPECT_EQ(kernels::select("avx512"), kernels::cpu_has_avx512());
   EXPECT_TRUE(kernels::select("generic"));
   EXPECT_STREQ(kernels::active().name, "generic");
   if (kernels::cpu_has_avx2()) {
     EXPECT_TRUE(kernels::select("avx2"));
     EXPECT_STREQ(kernels::active().name, "avx2");
   }
+  if (kernels::cpu_has_avx512()) {
+    EXPECT_TRUE(kernels::select("avx512"));
+    EXPECT_STREQ(kernels::active().name, "avx512");
+  }
+  kernels::select(kernels::default_kernels().name);
 }

@@ -52,9 +52,10 @@ class Parity : public ::testing::TestWithParam<std::tuple<std::string, std::stri
   void SetUp() override {
     const std::string& isa = std::get<1>(GetParam());
     if (isa == "avx2" && !kernels::cpu_has_avx2()) GTEST_SKIP() << "CPU lacks AVX2/FMA/F16C";
+    if (isa == "avx512" && !kernels::cpu_has_avx512()) GTEST_SKIP() << "CPU lacks AVX-512 F/BW/VL/DQ";
     ASSERT_TRUE(kernels::select(isa.c_str()));
   }
-  void TearDown() override { kernels::select(kernels::cpu_has_avx2() ? "avx2" : "generic"); }
+  void TearDown() override { kernels::select(kernels::default_kernels().name); }
 };
 
 }  // namespace
@@ -171,8 +172,8 @@ std::vector<std::string> unquantised_fixtures() {
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Fixtures, ParityRounded,
-                         ::testing::Combine(::testing::ValuesIn(unquantised_fixtures()), ::testing::Values("avx2", "generic")),
+                         ::testing::Combine(::testing::ValuesIn(unquantised_fixtures()), ::testing::Values("avx512", "avx2", "generic")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
-                         ::testing::Combine(::testing::ValuesIn(fixture_names()), ::testing::Values("avx2", "generic")),
+                         ::testing::Combine(::testing::ValuesIn(fixture_names()), ::testing::Values("avx512", "avx2", "generic")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });

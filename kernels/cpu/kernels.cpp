@@ -5,26 +5,48 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 namespace colibri::kernels {
 
 namespace generic { const KernelTable& table(); }
 namespace avx2 { const KernelTable& table(); }
+namespace avx512 { const KernelTable& table(); }
 
 const KernelTable& generic_table() { return generic::table(); }
 const KernelTable& avx2_table() { return avx2::table(); }
+const KernelTable& avx512_table() { return avx512::table(); }
 
 bool cpu_has_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+const KernelTable* table_named(const char* name) {
+  if (std::strcmp(name, "generic") == 0) return &generic_table();
+  if (std::strcmp(name, "avx2") == 0 && cpu_has_avx2()) return &avx2_table();
+  if (std::strcmp(name, "avx512") == 0 && cpu_has_avx512()) return &avx512_table();
+  return nullptr;
+}
+
 namespace {
 // NOTE: chosen once at start-up (static initialisation), so concurrent
 // readers never race with the lazy choice; select() changes it for tests.
 std::atomic<const KernelTable*> g_active{nullptr};
-const KernelTable* default_table() { return cpu_has_avx2() ? &avx2_table() : &generic_table(); }
+// The widest the CPU supports, unless COLIBRI_KERNELS names another it supports.
+const KernelTable* default_table() {
+  if (const char* env = std::getenv("COLIBRI_KERNELS"))
+    if (const KernelTable* t = table_named(env)) return t;
+  return cpu_has_avx512() ? &avx512_table() : cpu_has_avx2() ? &avx2_table() : &generic_table();
+}
 [[maybe_unused]] const bool g_init = (g_active.store(default_table()), true);
 }  // namespace
 
@@ -38,19 +60,47 @@ const KernelTable& active() {
 }
 
 bool select(const char* name) {
-  if (std::strcmp(name, "generic") == 0) {
-    g_active = &generic_table();
-    return true;
-  }
-  if (std::strcmp(name, "avx2") == 0 && cpu_has_avx2()) {
-    g_active = &avx2_table();
-    return true;
-  }
-  return false;
+  const KernelTable* t = table_named(name);
+  if (t) g_active = t;
+  return t != nullptr;
 }
+
+const KernelTable& default_kernels() { return *default_table(); }
+
+namespace {
+std::atomic<bool> g_stats_on{false};
+std::atomic<uint64_t> g_stats_flops{0}, g_stats_ns{0}, g_stats_calls{0};
+}  // namespace
+
+void enable_gemm_stats(bool on) { g_stats_on.store(on, std::memory_order_relaxed); }
+void reset_gemm_stats() {
+  g_stats_flops = 0;
+  g_stats_ns = 0;
+  g_stats_calls = 0;
+}
+GemmStats gemm_stats() {
+  return {g_stats_flops.load() * 1.0, g_stats_ns.load() * 1e-9, g_stats_calls.load()};
+}
+
+static void gemm_impl(const float* x, int64_t ldx, int64_t rows, const void* w, DType wt, int64_t in, int64_t out,
+                      float* y, int64_t ldy);
 
 void gemm(const float* x, int64_t ldx, int64_t rows, const void* w, DType wt, int64_t in, int64_t out, float* y,
           int64_t ldy) {
+  if (!g_stats_on.load(std::memory_order_relaxed) || omp_in_parallel()) {
+    gemm_impl(x, ldx, rows, w, wt, in, out, y, ldy);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  gemm_impl(x, ldx, rows, w, wt, in, out, y, ldy);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  g_stats_flops += static_cast<uint64_t>(2 * rows * in * out);
+  g_stats_ns += static_cast<uint64_t>(ns);
+  ++g_stats_calls;
+}
+
+static void gemm_impl(const float* x, int64_t ldx, int64_t rows, const void* w, DType wt, int64_t in, int64_t out,
+                      float* y, int64_t ldy) {
   const KernelTable& k = active();
   // NOTE: threads split the output columns in blocks of 16; work per thread is
   // tiny below a few thousand multiply-adds, so small products stay serial.
@@ -59,9 +109,15 @@ void gemm(const float* x, int64_t ldx, int64_t rows, const void* w, DType wt, in
     k.gemm(x, ldx, rows, w, wt, in, 0, out, y, ldy);
     return;
   }
+  // Each thread one contiguous range of outputs (a multiple of 16 wide), so a
+  // kernel call can block its weights for the caches across all the rows.
   const int64_t blocks = (out + 15) / 16;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) k.gemm(x, ldx, rows, w, wt, in, b * 16, std::min(out, b * 16 + 16), y, ldy);
+#pragma omp parallel
+  {
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t b0 = blocks * me / nt, b1 = blocks * (me + 1) / nt;
+    if (b1 > b0) k.gemm(x, ldx, rows, w, wt, in, b0 * 16, std::min(out, b1 * 16), y, ldy);
+  }
 }
 
 void to_f32(const void* src, DType t, int64_t n, float* dst) {

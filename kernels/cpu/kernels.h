@@ -1,6 +1,6 @@
 // kernels.h: CPU compute kernels on raw pointers (no engine types). Each kernel
-// exists as a plain scalar reference ("generic") and an AVX2+FMA+F16C version,
-// chosen at run time from what the CPU supports.
+// exists as a plain scalar reference ("generic"), an AVX2+FMA+F16C version and
+// an AVX-512 version, chosen at run time from what the CPU supports.
 #pragma once
 #include <cstdint>
 
@@ -23,15 +23,31 @@ struct KernelTable {
   void (*silu_mul)(float* g, const float* u, int64_t n);
   // y += a * x
   void (*axpy)(float* y, float a, const float* x, int64_t n);
+  // Rotary embedding of the first `rd` dimensions of `heads` vectors `stride`
+  // apart: element i pairs with i + rd/2 (or, interleaved, 2i with 2i+1,
+  // written back in half layout); cos/sin hold rd/2 angles' values.
+  void (*rope)(float* x, int64_t heads, int64_t stride, int64_t rd, bool interleaved, const float* cos,
+               const float* sin);
+  // One query over n cached positions (rows `stride` apart in k and v):
+  // out = sum_t softmax(scale * q.k_t)_t v_t; a non-null `sink` logit joins the
+  // softmax denominator only (gpt-oss). scores: n floats of scratch.
+  void (*attend)(const float* q, int64_t d, const float* k, const float* v, int64_t stride, int64_t n, float scale,
+                 const float* sink, float* scores, float* out);
 };
 
 const KernelTable& generic_table();
 const KernelTable& avx2_table();
-bool cpu_has_avx2();
+const KernelTable& avx512_table();
+bool cpu_has_avx2();    // AVX2 + FMA + F16C
+bool cpu_has_avx512();  // and AVX-512 F, BW, VL, DQ
+// The table of that name ("generic", "avx2", "avx512") when the CPU runs it, else null.
+const KernelTable* table_named(const char* name);
 
-// The table in use: AVX2 when the CPU has AVX2, FMA and F16C, else generic.
+// The table in use: the widest the CPU supports (AVX-512, AVX2, generic), or
+// the one the environment variable COLIBRI_KERNELS names.
 const KernelTable& active();
-// Forces "generic" or "avx2" (tests, benchmarks); returns false when unavailable.
+const KernelTable& default_kernels();
+// Forces a table (tests, benchmarks); returns false when the CPU lacks it.
 bool select(const char* name);
 
 // Threaded wrappers (OpenMP over output columns; results independent of the
@@ -41,6 +57,17 @@ void gemm(const float* x, int64_t ldx, int64_t rows, const void* w, DType wt, in
 inline void gemv(const float* x, const void* w, DType wt, int64_t in, int64_t out, float* y) {
   gemm(x, in, 1, w, wt, in, out, y, out);
 }
+
+// Time and floating-point operations spent in gemm() (the matrix products of
+// attention, dense FFNs, experts, router and LM head), for `colibri bench`.
+// Off by default (one relaxed atomic load per call).
+struct GemmStats {
+  double flops = 0, seconds = 0;
+  uint64_t calls = 0;
+};
+void enable_gemm_stats(bool on);
+void reset_gemm_stats();
+GemmStats gemm_stats();
 
 // Converts `n` stored elements to f32.
 void to_f32(const void* src, DType t, int64_t n, float* dst);

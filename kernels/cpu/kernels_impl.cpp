@@ -1,13 +1,19 @@
-// kernels_impl.cpp: compiled twice, as the scalar reference (COLIBRI_ISA=generic)
-// and with -mavx2 -mfma -mf16c (COLIBRI_ISA=avx2); kernels.cpp picks one.
+// kernels_impl.cpp: compiled once per ISA: the scalar reference
+// (COLIBRI_ISA=generic), AVX2+FMA+F16C (avx2) and AVX-512 F/BW/VL/DQ (avx512);
+// kernels.cpp picks one at run time.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/kernels.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
-#define COLIBRI_SIMD 1
+#define COLIBRI_SIMD 16
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define COLIBRI_SIMD 8
 #else
 #define COLIBRI_SIMD 0
 #endif
@@ -17,15 +23,48 @@ namespace COLIBRI_ISA {
 
 namespace {
 
-#if COLIBRI_SIMD
-// Loads 8 weights as f32.
-inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
-inline __m256 load8(const uint16_t* w, DType t) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+inline float wload(const float* w, int64_t i, DType) { return w[i]; }
+inline float wload(const uint16_t* w, int64_t i, DType t) {
+  return t == DType::F16 ? f16_to_f32(w[i]) : bf16_to_f32(w[i]);
+}
+
+#if COLIBRI_SIMD == 16
+using vf = __m512;
+constexpr int kLanes = 16;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vf vload(const uint16_t* p, DType t) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if (t == DType::F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vset1(float a) { return _mm512_set1_ps(a); }
+inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
+// A fixed reduction tree (halves, then quarters...), the same for every call.
+inline float hsum(vf v) {
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+#elif COLIBRI_SIMD == 8
+using vf = __m256;
+constexpr int kLanes = 8;
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vf vload(const uint16_t* p, DType t) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   if (t == DType::F16) return _mm256_cvtph_ps(h);
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-inline float hsum(__m256 v) {
+inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf vset1(float a) { return _mm256_set1_ps(a); }
+inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
+inline float hsum(vf v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
   lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
@@ -34,76 +73,188 @@ inline float hsum(__m256 v) {
 }
 #endif
 
-inline float wload(const float* w, int64_t i, DType) { return w[i]; }
-inline float wload(const uint16_t* w, int64_t i, DType t) {
-  return t == DType::F16 ? f16_to_f32(w[i]) : bf16_to_f32(w[i]);
+#if COLIBRI_SIMD == 16
+inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf vfloor(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline vf vpow2i(vf n) {  // 2^n for integral n in [-126, 127]
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+inline float hmax(vf v) { return _mm512_reduce_max_ps(v); }
+#elif COLIBRI_SIMD == 8
+inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf vfloor(vf a) { return _mm256_floor_ps(a); }
+inline vf vpow2i(vf n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline float hmax(vf v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+#endif
+
+#if COLIBRI_SIMD
+// exp(x) for every lane (Cephes expf: range reduction by ln 2 in two parts and a
+// degree-6 polynomial; about 1 ulp, x clamped to [-87.3, 88.7]).
+inline vf vexp(vf x) {
+  x = vmin(vmax(x, vset1(-87.3365f)), vset1(88.7228f));
+  const vf fx = vfloor(vfma(x, vset1(1.44269504088896341f), vset1(0.5f)));
+  x = vfma(fx, vset1(-0.693359375f), x);
+  x = vfma(fx, vset1(2.12194440e-4f), x);
+  const vf z = vmul(x, x);
+  vf y = vset1(1.9875691500e-4f);
+  y = vfma(y, x, vset1(1.3981999507e-3f));
+  y = vfma(y, x, vset1(8.3334519073e-3f));
+  y = vfma(y, x, vset1(4.1665795894e-2f));
+  y = vfma(y, x, vset1(1.6666665459e-1f));
+  y = vfma(y, x, vset1(5.0000001201e-1f));
+  y = vfma(y, z, vadd(x, vset1(1.0f)));
+  return vmul(y, vpow2i(fx));
 }
 
-// R dot products of x rows with one weight row. NOTE: per element the
-// operation sequence is the same for every R (two 8-lane accumulators over
-// 16-element steps, one 8-step, a fixed horizontal sum, then a scalar tail),
-// which is what makes batched and single rows bitwise equal.
-template <int R, typename W>
-inline void dot_rows(const float* const* xs, const W* w, DType t, int64_t n, float* out) {
-#if COLIBRI_SIMD
-  __m256 a0[R], a1[R];
-  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+template <typename W>
+inline vf wvec(const W* w, int64_t i, DType t) {
+  if constexpr (sizeof(W) == 4) return vload(w + i);
+  else return vload(w + i, t);
+}
+
+// An R x O tile of dot products: out[r * O + o] = x_r . w_o over n elements.
+// NOTE: every element is computed by the same instruction sequence whatever R
+// and O are (two L-lane accumulators over 2L-element steps, one L-step, a
+// fixed horizontal sum, then a scalar FMA tail), which is what makes a batch
+// bitwise equal to each of its rows alone, and the tiling free to change.
+template <int R, int O, typename W>
+inline void tile(const float* const* xs, const W* const* ws, DType t, int64_t n, float* out) {
+  constexpr int64_t L = kLanes;
+  vf a0[R][O], a1[R][O];
+  for (int r = 0; r < R; ++r)
+    for (int o = 0; o < O; ++o) a0[r][o] = a1[r][o] = vzero();
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256 w0, w1;
-    if constexpr (sizeof(W) == 4) { w0 = load8(w + i); w1 = load8(w + i + 8); }
-    else { w0 = load8(w + i, t); w1 = load8(w + i + 8, t); }
-    for (int r = 0; r < R; ++r) {
-      a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xs[r] + i), w0, a0[r]);
-      a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xs[r] + i + 8), w1, a1[r]);
+  for (; i + 2 * L <= n; i += 2 * L) {
+    // The two halves one after the other: O weight vectors and one x vector
+    // live at a time beside the accumulators (no register spills).
+    for (int h = 0; h < 2; ++h) {
+      vf wv[O];
+      for (int o = 0; o < O; ++o) wv[o] = wvec(ws[o], i + h * L, t);
+      for (int r = 0; r < R; ++r) {
+        const vf xv = vload(xs[r] + i + h * L);
+        for (int o = 0; o < O; ++o) {
+          if (h == 0) a0[r][o] = vfma(xv, wv[o], a0[r][o]);
+          else a1[r][o] = vfma(xv, wv[o], a1[r][o]);
+        }
+      }
     }
   }
-  if (i + 8 <= n) {
-    __m256 w0;
-    if constexpr (sizeof(W) == 4) w0 = load8(w + i);
-    else w0 = load8(w + i, t);
-    for (int r = 0; r < R; ++r) a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xs[r] + i), w0, a0[r]);
-    i += 8;
+  if (i + L <= n) {
+    for (int o = 0; o < O; ++o) {
+      const vf w0 = wvec(ws[o], i, t);
+      for (int r = 0; r < R; ++r) a0[r][o] = vfma(vload(xs[r] + i), w0, a0[r][o]);
+    }
+    i += L;
   }
-  for (int r = 0; r < R; ++r) {
-    float s = hsum(_mm256_add_ps(a0[r], a1[r]));
-    for (int64_t j = i; j < n; ++j) s = std::fma(xs[r][j], wload(w, j, t), s);
-    out[r] = s;
-  }
+  for (int r = 0; r < R; ++r)
+    for (int o = 0; o < O; ++o) {
+      float s = hsum(vadd(a0[r][o], a1[r][o]));
+      for (int64_t j = i; j < n; ++j) s = std::fma(xs[r][j], wload(ws[o], j, t), s);
+      out[r * O + o] = s;
+    }
+}
 #else
-  // Scalar reference: 16 lanes, pairwise-free sequential lane sums.
-  for (int r = 0; r < R; ++r) {
-    float lane[16] = {0};
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-      for (int k = 0; k < 16; ++k) lane[k] += xs[r][i + k] * wload(w, i + k, t);
-    float s = 0.f;
-    for (int k = 0; k < 16; ++k) s += lane[k];
-    for (; i < n; ++i) s += xs[r][i] * wload(w, i, t);
-    out[r] = s;
-  }
+// Scalar reference: 16 lanes, sequential lane sums, then the tail.
+template <int R, int O, typename W>
+inline void tile(const float* const* xs, const W* const* ws, DType t, int64_t n, float* out) {
+  for (int r = 0; r < R; ++r)
+    for (int o = 0; o < O; ++o) {
+      float lane[16] = {0};
+      int64_t i = 0;
+      for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; ++k) lane[k] += xs[r][i + k] * wload(ws[o], i + k, t);
+      float s = 0.f;
+      for (int k = 0; k < 16; ++k) s += lane[k];
+      for (; i < n; ++i) s += xs[r][i] * wload(ws[o], i, t);
+      out[r * O + o] = s;
+    }
+}
 #endif
+
+// Tile shapes: rows x outputs per micro-kernel call, sized to the registers
+// (AVX2: 16 ymm, 3 x 2 tile = 12 accumulators; AVX-512: 32 zmm, 4 x 3 = 24).
+#if COLIBRI_SIMD == 16
+constexpr int kTileR = 4, kTileO = 3;
+#else
+constexpr int kTileR = 3, kTileO = 2;
+#endif
+// Decode (one row): one weight row at a time. NOTE: rows are contiguous, so
+// this reads the matrix as one sequential stream; reading 2 or 4 rows at once
+// (several streams 2*in bytes apart) measured 20-60 % slower here.
+constexpr int kRowO = 1;
+
+template <int R, typename W>
+void rows_tile(const float* x, int64_t ldx, int64_t r0, const W* w, DType t, int64_t in, int64_t o_begin, int64_t o_end,
+               float* y, int64_t ldy) {
+  const float* xs[R];
+  for (int r = 0; r < R; ++r) xs[r] = x + (r0 + r) * ldx;
+  constexpr int O = R == 1 ? kRowO : kTileO;
+  float out[R * O];
+  int64_t o = o_begin;
+  for (; o + O <= o_end; o += O) {
+    const W* ws[O];
+    for (int k = 0; k < O; ++k) ws[k] = w + (o + k) * in;
+    tile<R, O>(xs, ws, t, in, out);
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < O; ++k) y[(r0 + r) * ldy + o + k] = out[r * O + k];
+  }
+  for (; o < o_end; ++o) {
+    const W* ws[1] = {w + o * in};
+    tile<R, 1>(xs, ws, t, in, out);
+    for (int r = 0; r < R; ++r) y[(r0 + r) * ldy + o] = out[r];
+  }
 }
 
 template <typename W>
 void gemm_t(const float* x, int64_t ldx, int64_t rows, const W* w, DType t, int64_t in, int64_t o_begin, int64_t o_end,
             float* y, int64_t ldy) {
-  for (int64_t o = o_begin; o < o_end; ++o) {
-    const W* wr = w + o * in;
-    int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) {
-      const float* xs[4] = {x + r * ldx, x + (r + 1) * ldx, x + (r + 2) * ldx, x + (r + 3) * ldx};
-      float out[4];
-      dot_rows<4>(xs, wr, t, in, out);
-      for (int k = 0; k < 4; ++k) y[(r + k) * ldy + o] = out[k];
+  int64_t r_done = 0;
+  if (rows >= kTileR) {
+    // Blocks of outputs whose weights, as f32, stay in L2 (512 KiB) while
+    // every row tile passes over them; rows in register tiles inside. 16-bit
+    // weights are widened once per block (exactly: bf16/f16 -> f32 is exact),
+    // not once per row tile.
+    const int64_t ob = std::max<int64_t>(kTileO, (512 * 1024) / std::max<int64_t>(in * 4, 1) / kTileO * kTileO);
+    thread_local std::vector<float> wf;
+    const int64_t full = rows / kTileR * kTileR;
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += ob) {
+      const int64_t o1 = std::min(o_end, o0 + ob);
+      const float* wb;
+      if constexpr (sizeof(W) == 4) {
+        wb = w + o0 * in;
+      } else {
+        wf.resize(static_cast<size_t>((o1 - o0) * in));
+        for (int64_t o = o0; o < o1; ++o)
+          for (int64_t i = 0; i < in; ++i) wf[static_cast<size_t>((o - o0) * in + i)] = wload(w, o * in + i, t);
+        wb = wf.data();
+      }
+      // NOTE: the block's weights are addressed from output o0, so the tile
+      // sees rows [0, o1 - o0) and writes y columns o0.. through the offset.
+      for (int64_t r = 0; r < full; r += kTileR)
+        rows_tile<kTileR>(x, ldx, r, wb, DType::F32, in, 0, o1 - o0, y + o0, ldy);
     }
-    for (; r < rows; ++r) {
-      const float* xs[1] = {x + r * ldx};
-      float out[1];
-      dot_rows<1>(xs, wr, t, in, out);
-      y[r * ldy + o] = out[0];
-    }
+    r_done = full;
   }
+  // The remaining rows (and every row of a small batch: decode) read the
+  // weights in place.
+  int64_t r = r_done;
+  for (; r + 2 <= rows; r += 2) rows_tile<2>(x, ldx, r, w, t, in, o_begin, o_end, y, ldy);
+  for (; r < rows; ++r) rows_tile<1>(x, ldx, r, w, t, in, o_begin, o_end, y, ldy);
 }
 
 void gemm(const float* x, int64_t ldx, int64_t rows, const void* w, DType wt, int64_t in, int64_t o_begin,
@@ -116,8 +267,9 @@ void gemm(const float* x, int64_t ldx, int64_t rows, const void* w, DType wt, in
 
 float dot(const float* a, const float* b, int64_t n) {
   const float* xs[1] = {a};
+  const float* ws[1] = {b};
   float out[1];
-  dot_rows<1>(xs, b, DType::F32, n, out);
+  tile<1, 1>(xs, ws, DType::F32, n, out);
   return out[0];
 }
 
@@ -128,17 +280,90 @@ void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {
 }
 
 void silu_mul(float* g, const float* u, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  int64_t i = 0;
+#if COLIBRI_SIMD
+  const vf one = vset1(1.0f), zero = vzero();
+  for (; i + kLanes <= n; i += kLanes) {
+    const vf gv = vload(g + i);
+    vstore(g + i, vmul(vdiv(gv, vadd(one, vexp(vsub(zero, gv)))), vload(u + i)));
+  }
+#endif
+  for (; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
 void axpy(float* y, float a, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+  int64_t i = 0;
+#if COLIBRI_SIMD
+  // NOTE: one fused multiply-add per element, vector or tail alike.
+  const vf va = vset1(a);
+  for (; i + kLanes <= n; i += kLanes) vstore(y + i, vfma(va, vload(x + i), vload(y + i)));
+#endif
+  for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+}
+
+void rope(float* x, int64_t heads, int64_t stride, int64_t rd, bool interleaved, const float* cos, const float* sin) {
+  const int64_t half = rd / 2;
+  float tmp[1024];
+  for (int64_t h = 0; h < heads; ++h) {
+    float* v = x + h * stride;
+    float *lo = v, *hi = v + half;
+    if (interleaved) {
+      // Pairs (2i, 2i+1), written back in half layout as transformers does.
+      for (int64_t i = 0; i < half; ++i) tmp[i] = v[2 * i], tmp[i + half] = v[2 * i + 1];
+      lo = tmp;
+      hi = tmp + half;
+    }
+    int64_t i = 0;
+#if COLIBRI_SIMD
+    for (; i + kLanes <= half; i += kLanes) {
+      const vf a = vload(lo + i), b = vload(hi + i), c = vload(cos + i), s = vload(sin + i);
+      vstore(v + i, vsub(vmul(a, c), vmul(b, s)));
+      vstore(v + half + i, vadd(vmul(b, c), vmul(a, s)));
+    }
+#endif
+    for (; i < half; ++i) {
+      const float a = lo[i], b = hi[i];
+      v[i] = a * cos[i] - b * sin[i];
+      v[i + half] = b * cos[i] + a * sin[i];
+    }
+  }
+}
+
+void attend(const float* q, int64_t d, const float* k, const float* v, int64_t stride, int64_t n, float scale,
+            const float* sink, float* scores, float* out) {
+  float mx = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) {
+    const float s = dot(q, k + t * stride, d) * scale;
+    scores[t] = s;
+    mx = std::max(mx, s);
+  }
+  if (sink) mx = std::max(mx, *sink);
+  float sum = 0.f;
+  int64_t t = 0;
+#if COLIBRI_SIMD
+  {
+    const vf vm = vset1(mx);
+    vf acc = vzero();
+    for (; t + kLanes <= n; t += kLanes) {
+      const vf e = vexp(vsub(vload(scores + t), vm));
+      vstore(scores + t, e);
+      acc = vadd(acc, e);
+    }
+    sum = hsum(acc);
+  }
+#endif
+  for (; t < n; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
+  if (sink) sum += std::exp(*sink - mx);  // the sink joins the denominator only
+  const float inv = 1.0f / sum;
+  std::memset(out, 0, static_cast<size_t>(d) * sizeof(float));
+  for (int64_t t2 = 0; t2 < n; ++t2) axpy(out, scores[t2] * inv, v + t2 * stride, d);
 }
 
 }  // namespace
 
 const KernelTable& table() {
-  static const KernelTable t = {COLIBRI_SIMD ? "avx2" : "generic", gemm, dot, rmsnorm, silu_mul, axpy};
+  static const KernelTable t = {COLIBRI_SIMD == 16 ? "avx512" : COLIBRI_SIMD == 8 ? "avx2" : "generic",
+                                gemm, dot, rmsnorm, silu_mul, axpy, rope, attend};
   return t;
 }
 
