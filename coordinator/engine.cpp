@@ -240,9 +240,10 @@ void Engine::attention_gqa(int layer, int64_t n, const int32_t* seqs, const int3
   const int64_t Q = nh * hd, KV = nkv * hd, group = nh / nkv, half = c.rope_dim / 2;
   const auto& kt = kernels::active();
   const float eps = static_cast<float>(c.rms_norm_eps);
-  kernels::gemm(xn_.data(), H, n, w.wq->data, w.wq->dtype, H, Q, q_.data(), Q);
-  kernels::gemm(xn_.data(), H, n, w.wk->data, w.wk->dtype, H, KV, k_.data(), KV);
-  kernels::gemm(xn_.data(), H, n, w.wv->data, w.wv->dtype, H, KV, v_.data(), KV);
+  const kernels::GemmJob qkv[3] = {{xn_.data(), H, n, w.wq->data, w.wq->dtype, H, Q, q_.data(), Q},
+                                   {xn_.data(), H, n, w.wk->data, w.wk->dtype, H, KV, k_.data(), KV},
+                                   {xn_.data(), H, n, w.wv->data, w.wv->dtype, H, KV, v_.data(), KV}};
+  kernels::gemm_many(qkv, 3);
   add_bias(q_.data(), n, Q, w.bq);
   add_bias(k_.data(), n, KV, w.bk);
   add_bias(v_.data(), n, KV, w.bv);

@@ -258,6 +258,33 @@ TEST(Kernels, GemmRowsAreBatchAndSplitInvariant) {
   }
 }
 
+// Several products in one parallel region give each product's own bits.
+TEST(Kernels, GemmManyEqualsSeparateProducts) {
+  uint64_t seed = test::test_seed();
+  COLIBRI_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  const int threads = kernels::set_threads(0);
+  kernels::set_threads(std::max(2, threads));
+  std::vector<std::vector<float>> xs, ws, ys, refs;
+  std::vector<kernels::GemmJob> jobs;
+  for (int j = 0; j < 3; ++j) {
+    const int64_t rows = 1 + static_cast<int64_t>(rng() % 5), in = 64 + static_cast<int64_t>(rng() % 300),
+                  out = 40 + static_cast<int64_t>(rng() % 400);
+    xs.push_back(test::random_floats(rng, static_cast<size_t>(rows * in)));
+    ws.push_back(test::random_floats(rng, static_cast<size_t>(out * in)));
+    ys.emplace_back(static_cast<size_t>(rows * out), NAN);
+    refs.emplace_back(static_cast<size_t>(rows * out), NAN);
+    jobs.push_back({xs[j].data(), in, rows, ws[j].data(), DType::F32, in, out, ys[j].data(), out});
+  }
+  kernels::gemm_many(jobs.data(), 3);
+  for (int j = 0; j < 3; ++j) {
+    const auto& g = jobs[j];
+    kernels::gemm(g.x, g.ldx, g.rows, g.w, g.wt, g.in, g.out, refs[j].data(), g.ldy);
+    EXPECT_EQ(std::memcmp(ys[j].data(), refs[j].data(), ys[j].size() * sizeof(float)), 0) << "job " << j;
+  }
+  kernels::set_threads(threads);
+}
+
 TEST(Kernels, SelectFallsBackLoudly) {
   EXPECT_FALSE(kernels::select("avx1024"));
   EXPECT_EQ(kernels::select("avx512"), kernels::cpu_has_avx512());

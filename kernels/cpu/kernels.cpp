@@ -120,6 +120,39 @@ static void gemm_impl(const float* x, int64_t ldx, int64_t rows, const void* w, 
   }
 }
 
+void gemm_many(const GemmJob* jobs, int n) {
+  int64_t work = 0;
+  for (int j = 0; j < n; ++j) work += jobs[j].rows * jobs[j].in * jobs[j].out;
+  if (n == 1 || work < (1 << 15) || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    for (int j = 0; j < n; ++j) {
+      const GemmJob& g = jobs[j];
+      gemm(g.x, g.ldx, g.rows, g.w, g.wt, g.in, g.out, g.y, g.ldy);
+    }
+    return;
+  }
+  const bool stats = g_stats_on.load(std::memory_order_relaxed);
+  const auto t0 = std::chrono::steady_clock::now();
+  const KernelTable& k = active();
+#pragma omp parallel
+  {
+    // Every thread takes its contiguous share of every job's outputs.
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+    for (int j = 0; j < n; ++j) {
+      const GemmJob& g = jobs[j];
+      const int64_t blocks = (g.out + 15) / 16, b0 = blocks * me / nt, b1 = blocks * (me + 1) / nt;
+      if (b1 > b0) k.gemm(g.x, g.ldx, g.rows, g.w, g.wt, g.in, b0 * 16, std::min(g.out, b1 * 16), g.y, g.ldy);
+    }
+  }
+  if (stats) {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    uint64_t flops = 0;
+    for (int j = 0; j < n; ++j) flops += static_cast<uint64_t>(2 * jobs[j].rows * jobs[j].in * jobs[j].out);
+    g_stats_flops += flops;
+    g_stats_ns += static_cast<uint64_t>(ns);
+    g_stats_calls += static_cast<uint64_t>(n);
+  }
+}
+
 void to_f32(const void* src, DType t, int64_t n, float* dst) {
   convert_elements(src, t, dst, DType::F32, static_cast<size_t>(n));
 }

@@ -54,6 +54,19 @@ bool select(const char* name);
 // thread count).
 void gemm(const float* x, int64_t ldx, int64_t rows, const void* w, DType wt, int64_t in, int64_t out, float* y,
           int64_t ldy);
+// Several independent products in one parallel region (one fork and join
+// instead of one per product: attention's q, k and v, an FFN's gate and up).
+// Each result is bitwise what gemm() gives for it alone.
+struct GemmJob {
+  const float* x;
+  int64_t ldx, rows;
+  const void* w;
+  DType wt;
+  int64_t in, out;
+  float* y;
+  int64_t ldy;
+};
+void gemm_many(const GemmJob* jobs, int n);
 inline void gemv(const float* x, const void* w, DType wt, int64_t in, int64_t out, float* y) {
   gemm(x, in, 1, w, wt, in, out, y, out);
 }
