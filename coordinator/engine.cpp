@@ -300,17 +300,19 @@ void Engine::attention_mla(int layer, int64_t n, const int32_t* seqs, const int3
   // default eps 1e-6, whatever rms_norm_eps says (DeepSeek-V2 and V3 alike).
   const float eps = 1e-6f;
   // Queries: q = W_q x, or W_qb rmsnorm(W_qa x).
+  // The compressed KV: [latent (R) | shared rotary key (rd)]; the cache keeps
+  // the normalised latent and the rotated key, never per-head K and V.
+  const kernels::GemmJob kv_job = {xn_.data(), H, n, w.wkv_a->data, w.wkv_a->dtype, H, KW, k_.data(), KW};
   if (w.wq_a) {
     const int64_t QR = c.q_lora_rank;
-    kernels::gemm(xn_.data(), H, n, w.wq_a->data, w.wq_a->dtype, H, QR, qa_.data(), QR);
+    const kernels::GemmJob jobs[2] = {{xn_.data(), H, n, w.wq_a->data, w.wq_a->dtype, H, QR, qa_.data(), QR}, kv_job};
+    kernels::gemm_many(jobs, 2);
     for (int64_t i = 0; i < n; ++i) kt.rmsnorm(qa_.data() + i * QR, w.q_a_norm.data(), qa_.data() + i * QR, QR, eps);
     kernels::gemm(qa_.data(), QR, n, w.wq_b->data, w.wq_b->dtype, QR, Q, q_.data(), Q);
   } else {
-    kernels::gemm(xn_.data(), H, n, w.wq->data, w.wq->dtype, H, Q, q_.data(), Q);
+    const kernels::GemmJob jobs[2] = {{xn_.data(), H, n, w.wq->data, w.wq->dtype, H, Q, q_.data(), Q}, kv_job};
+    kernels::gemm_many(jobs, 2);
   }
-  // The compressed KV: [latent (R) | shared rotary key (rd)]; the cache keeps
-  // the normalised latent and the rotated key, never per-head K and V.
-  kernels::gemm(xn_.data(), H, n, w.wkv_a->data, w.wkv_a->dtype, H, KW, k_.data(), KW);
   for (int64_t i = 0; i < n; ++i) {
     float* kv = k_.data() + i * KW;
     kt.rmsnorm(kv, w.kv_a_norm.data(), kv, R, eps);
