@@ -146,7 +146,10 @@ inline void tile(const float* const* xs, const W* const* ws, DType t, int64_t n,
       vf wv[O];
       for (int o = 0; o < O; ++o) wv[o] = wvec(ws[o], i + h * L, t);
       for (int r = 0; r < R; ++r) {
-        const vf xv = vload(xs[r] + i + h * L);
+        vf xv = vload(xs[r] + i + h * L);
+        // NOTE: keeps x in a register for its O uses; left alone, GCC folds
+        // the load into each FMA, and loads (not FMAs) then bound the loop.
+        if constexpr (O > 1) asm("" : "+v"(xv));
         for (int o = 0; o < O; ++o) {
           if (h == 0) a0[r][o] = vfma(xv, wv[o], a0[r][o]);
           else a1[r][o] = vfma(xv, wv[o], a1[r][o]);
@@ -190,20 +193,24 @@ inline void tile(const float* const* xs, const W* const* ws, DType t, int64_t n,
 // (AVX2: 16 ymm, 3 x 2 tile = 12 accumulators; AVX-512: 32 zmm, 4 x 3 = 24).
 #if COLIBRI_SIMD == 16
 constexpr int kTileR = 4, kTileO = 3;
+constexpr int kLongR = 2, kLongO = 6;  // long rows: x tile 2 rows (L1), 6 weight rows
 #else
 constexpr int kTileR = 3, kTileO = 2;
+constexpr int kLongR = 2, kLongO = 3;
 #endif
+// Rows longer than this (in floats) use the long tile, so the x rows of a tile
+// stay in L1 (48 KiB here) while the weights stream from L2.
+constexpr int64_t kLongIn = INT64_MAX;  // measured slower than the 4x3 tile here: off
 // Decode (one row): one weight row at a time. NOTE: rows are contiguous, so
 // this reads the matrix as one sequential stream; reading 2 or 4 rows at once
 // (several streams 2*in bytes apart) measured 20-60 % slower here.
 constexpr int kRowO = 1;
 
-template <int R, typename W>
+template <int R, typename W, int O = (R == 1 ? kRowO : kTileO)>
 void rows_tile(const float* x, int64_t ldx, int64_t r0, const W* w, DType t, int64_t in, int64_t o_begin, int64_t o_end,
                float* y, int64_t ldy) {
   const float* xs[R];
   for (int r = 0; r < R; ++r) xs[r] = x + (r0 + r) * ldx;
-  constexpr int O = R == 1 ? kRowO : kTileO;
   float out[R * O];
   int64_t o = o_begin;
   for (; o + O <= o_end; o += O) {
@@ -245,10 +252,15 @@ void gemm_t(const float* x, int64_t ldx, int64_t rows, const W* w, DType t, int6
       }
       // NOTE: the block's weights are addressed from output o0, so the tile
       // sees rows [0, o1 - o0) and writes y columns o0.. through the offset.
-      for (int64_t r = 0; r < full; r += kTileR)
-        rows_tile<kTileR>(x, ldx, r, wb, DType::F32, in, 0, o1 - o0, y + o0, ldy);
+      if (in > kLongIn) {
+        for (int64_t r = 0; r + kLongR <= rows; r += kLongR)
+          rows_tile<kLongR, float, kLongO>(x, ldx, r, wb, DType::F32, in, 0, o1 - o0, y + o0, ldy);
+      } else {
+        for (int64_t r = 0; r < full; r += kTileR)
+          rows_tile<kTileR>(x, ldx, r, wb, DType::F32, in, 0, o1 - o0, y + o0, ldy);
+      }
     }
-    r_done = full;
+    r_done = in > kLongIn ? rows / kLongR * kLongR : full;
   }
   // The remaining rows (and every row of a small batch: decode) read the
   // weights in place.

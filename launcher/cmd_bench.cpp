@@ -1,0 +1,983 @@
+// cmd_bench.cpp: colibri bench: generation speed of a model in one process
+// (prefill and decode tokens/s, weight bytes read per decode token and the
+// bandwidth that implies), a STREAM-style memory bandwidth measurement, and the
+// f32 FMA peak of the CPU. See docs/benchmarks.md.
+#include <immintrin.h>
+#include <omp.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "coordinator/engine.h"
+#include "coordinator/routing_trace.h"
+#include "kernels/cpu/kernels.h"
+#include "launcher/commands.h"
+#include "model/colibri_file.h"
+#include "model/error.h"
+
+namespace colibri::cli {
+
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void bad_arg(const std::string& msg) { throw Error(Status::InvalidArgument, msg); }
+
+// Summary of one measured quantity over the repetitions.
+struct Summary {
+  double median = 0, min = 0, max = 0;
+};
+Summary summarize(std::vector<double> v) {
+  Summary s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  s.min = v.front();
+  s.max = v.back();
+  s.median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return s;
+}
+json to_json(const Summary& s) { return {{"median", s.median}, {"min", s.min}, {"max", s.max}}; }
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      size_t c = line.find(':');
+      if (c != std::string::npos) {
+        size_t a = line.find_first_not_of(" \t", c + 1);
+        return a == std::string::npos ? "" : line.substr(a);
+      }
+    }
+  return "unknown";
+}
+
+// The last-level (L3) cache size from sysfs (glibc's sysconf reports the host's
+// in some VMs), else sysconf, else 0.
+double l3_cache_bytes() {
+  for (int i = 0; i < 16; ++i) {
+    const std::string d = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream lv(d + "level"), sz(d + "size");
+    int level = 0;
+    std::string size;
+    if (!(lv >> level) || !(sz >> size)) continue;
+    if (level != 3 || size.empty()) continue;
+    double v = std::atof(size.c_str());
+    const char u = size.back();
+    if (u == 'K') v *= 1024.0;
+    else if (u == 'M') v *= 1048576.0;
+    else if (u == 'G') v *= 1073741824.0;
+    if (v > 0) return v;
+  }
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return l3 > 0 ? static_cast<double>(l3) : 0.0;
+}
+
+std::string human_bytes(double b) {
+  char buf[64];
+  if (b >= 1073741824.0) std::snprintf(buf, sizeof buf, "%.3f GiB", b / 1073741824.0);
+  else if (b >= 1048576.0) std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
+  else if (b >= 1024.0) std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024.0);
+  else std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+// What else ran on the machine while we measured: the CPU time all processes
+// used (/proc/stat, steal included) minus our own (getrusage), as a share of
+// the wall time x the CPUs. Benchmarks on a shared machine say so.
+class NoiseProbe {
+ public:
+  void start() {
+    load1_ = load_average();
+    busy0_ = busy_seconds();
+    self0_ = self_seconds();
+    wall0_ = std::chrono::steady_clock::now();
+  }
+  void stop() {
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0_).count();
+    const double busy = busy_seconds() - busy0_, self = self_seconds() - self0_;
+    others_ = std::max(0.0, busy - self);
+    const double cpus = std::max(1u, std::thread::hardware_concurrency());
+    share_ = wall > 0 ? others_ / (wall * cpus) : 0;
+    wall_ = wall;
+  }
+  // NOTE: /proc/stat counts in clock ticks (10 ms): below 0.05 CPU s it is rounding.
+  bool noisy() const { return share_ > 0.02 && others_ > 0.05; }
+  json to_json() const {
+    return {{"load_average_1min_before", load1_}, {"other_cpu_seconds", others_}, {"other_cpu_share", share_},
+            {"measured_seconds", wall_}, {"noisy", noisy()}};
+  }
+  void print() const {
+    std::printf("other processes: %.2f CPU s during the %.1f s measured (%.1f%% of the CPUs; load average %.2f before)\n",
+                others_, wall_, 100.0 * share_, load1_);
+    if (noisy())
+      std::printf("WARNING: other processes used the CPUs while this ran: the numbers are likely noisy; re-run when quiet\n");
+  }
+
+ private:
+  static double load_average() {
+    std::ifstream in("/proc/loadavg");
+    double v = -1;
+    in >> v;
+    return v;
+  }
+  static double busy_seconds() {
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    uint64_t user = 0, nice = 0, sys = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+    if (!(in >> cpu >> user >> nice >> sys >> idle >> iowait >> irq >> softirq >> steal) || cpu != "cpu") return 0;
+    return static_cast<double>(user + nice + sys + irq + softirq + steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  static double self_seconds() {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  }
+  double load1_ = 0, busy0_ = 0, self0_ = 0, others_ = 0, share_ = 0, wall_ = 0;
+  std::chrono::steady_clock::time_point wall0_;
+};
+
+// An int option given on the command line, or `def`.
+int64_t int_opt(const cxxopts::ParseResult& r, const char* name, int64_t def) {
+  return r.count(name) ? r[name].as<int64_t>() : def;
+}
+
+// ===========================================================================
+// Model benchmark
+
+struct ModelBytes {
+  // Per decode forward pass (step) of B sequences:
+  uint64_t dense = 0;          // every dense tensor except the embedding table and the LM head
+  uint64_t embedding_row = 0;  // one row of the embedding table (read once per token)
+  uint64_t lm_head = 0;        // the whole LM head (the embedding table when tied)
+  double routed = 0;           // routed expert blocks touched per step (mean over decode steps)
+  double distinct_per_layer = 0;  // distinct experts per MoE layer per step (mean)
+  std::string routed_source;      // how `routed` was obtained
+  int64_t decode_steps_traced = 0;
+  double kv = 0;  // KV cache bytes attended per step (mean), not part of the weights
+  int64_t batch = 1;
+  double weights_per_step() const { return static_cast<double>(dense + lm_head + embedding_row * batch) + routed; }
+  double weights_per_token() const { return weights_per_step() / static_cast<double>(batch); }
+};
+
+// Dense parts from the file: sizes as stored (dtype included).
+void dense_bytes(const ColibriFile& f, ModelBytes& b) {
+  const ModelConfig& c = f.config();
+  const std::string embd = tname::token_embd(), out = tname::output();
+  for (const auto& t : f.tensors()) {
+    if (t.name == embd) {
+      b.embedding_row = t.size / static_cast<uint64_t>(std::max<int64_t>(1, c.vocab_size));
+      if (c.tie_word_embeddings) b.lm_head = t.size;
+    } else if (t.name == out) {
+      b.lm_head = t.size;
+    } else {
+      b.dense += t.size;
+    }
+  }
+}
+
+// KV cache bytes read by attention per decode step (mean over the steps): each
+// of B rows at position p attends to min(window, p + 1) positions per layer.
+double kv_bytes_per_step(const ModelConfig& c, int64_t B, int64_t P, int64_t N) {
+  const double width = c.attention == "mla" ? static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim)
+                                            : 2.0 * static_cast<double>(c.num_kv_heads * c.head_dim);
+  double total = 0;
+  for (int64_t j = 0; j + 1 < N; ++j) {
+    const int64_t pos = P + j;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const int64_t w = c.window(l);
+      const int64_t att = w > 0 ? std::min(w, pos + 1) : pos + 1;
+      total += static_cast<double>(att) * width * sizeof(float);
+    }
+  }
+  return N > 1 ? total * static_cast<double>(B) / static_cast<double>(N - 1) : 0.0;
+}
+
+std::vector<Request> make_requests(const ModelConfig& c, int64_t B, int64_t P, int64_t N, uint64_t seed) {
+  // splitmix64: the same prompts on every platform for a seed.
+  uint64_t x = seed;
+  auto next = [&x] {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  std::vector<Request> reqs(static_cast<size_t>(B));
+  for (auto& q : reqs) {
+    q.prompt.resize(static_cast<size_t>(P));
+    for (auto& t : q.prompt) t = static_cast<int32_t>(next() % static_cast<uint64_t>(c.vocab_size));
+    q.max_new_tokens = static_cast<int32_t>(N);
+    q.ignore_eos = true;
+    q.sampling.temperature = 0;  // greedy
+    q.sampling.seed = seed;
+  }
+  return reqs;
+}
+
+EngineOptions engine_options(int64_t B, int64_t P, int64_t N, int64_t chunk) {
+  EngineOptions eo;
+  eo.max_batch = B;
+  eo.max_context = P + N;
+  eo.prefill_chunk = chunk;
+  return eo;
+}
+
+// Runs the requests once more with the routing recorded and counts, per decode
+// step and MoE layer, the distinct experts the batch used; returns the mean
+// routed bytes per step.
+void routed_from_trace(const std::shared_ptr<const ColibriFile>& file, const std::vector<Request>& reqs, int64_t P,
+                       int64_t N, int64_t chunk, ModelBytes& b) {
+  const ModelConfig& c = file->config();
+  namespace fs = std::filesystem;
+  std::string tmpl = (fs::temp_directory_path() / "colibri-bench-routing.XXXXXX").string();
+  int fd = mkstemp(tmpl.data());
+  if (fd < 0) throw Error(Status::Io, "cannot create a temporary file for the routing trace in " + fs::temp_directory_path().string());
+  ::close(fd);
+  const std::string path = tmpl;
+  struct Cleanup {
+    std::string p;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove(p, ec);
+      fs::remove(p + ".tmp", ec);
+    }
+  } cleanup{path};
+
+  const int M = static_cast<int>(c.num_moe_layers());
+  {
+    RoutingTraceWriter trace(path, M, static_cast<int>(c.num_experts), static_cast<int>(c.experts_per_token));
+    auto comm = make_local_communicator();
+    EngineOptions eo = engine_options(static_cast<int64_t>(reqs.size()), P, N, chunk);
+    eo.trace = &trace;
+    Engine engine(file, eo, *comm);
+    engine.start_workers();
+    GenerateOptions go;
+    engine.generate(reqs, go);
+    engine.stop_workers();
+    trace.close();
+  }
+  RoutingTrace t = read_routing_trace(path);
+  // step -> layer -> experts; a step is a decode step when every row is past the prompt.
+  std::map<int64_t, std::vector<std::set<int32_t>>> used;
+  std::map<int64_t, bool> is_decode;
+  for (const auto& rec : t.records) {
+    auto& layers = used[rec.step];
+    if (layers.empty()) layers.resize(static_cast<size_t>(M));
+    if (rec.layer < 0 || rec.layer >= M) throw Error(Status::Internal, "routing trace names MoE layer " + std::to_string(rec.layer));
+    for (int32_t e : rec.experts) layers[static_cast<size_t>(rec.layer)].insert(e);
+    auto it = is_decode.find(rec.step);
+    const bool dec = rec.pos >= P;
+    if (it == is_decode.end()) is_decode[rec.step] = dec;
+    else it->second = it->second && dec;
+  }
+  double bytes = 0, distinct = 0;
+  int64_t steps = 0;
+  for (const auto& [step, layers] : used) {
+    if (!is_decode[step]) continue;
+    ++steps;
+    for (int l = 0; l < M; ++l)
+      for (int32_t e : layers[static_cast<size_t>(l)]) {
+        bytes += static_cast<double>(file->expert(l, e).size);
+        distinct += 1;
+      }
+  }
+  if (steps != N - 1)
+    spdlog::warn("the routing trace holds {} decode steps, expected {}", steps, N - 1);
+  if (steps == 0) throw Error(Status::Internal, "the routing trace holds no decode step");
+  b.routed = bytes / static_cast<double>(steps);
+  b.distinct_per_layer = distinct / static_cast<double>(steps) / M;
+  b.decode_steps_traced = steps;
+  b.routed_source = "routing trace: distinct experts per MoE layer per decode step, averaged over " +
+                    std::to_string(steps) + " steps";
+}
+
+struct RepResult {
+  GenerateStats st;
+  double prefill_tps = 0, decode_tps = 0, ms_per_step = 0, weight_gbps = 0, total_gbps = 0;
+  // Matrix products (kernels::gemm) during prefill: flops, seconds, GFLOP/s.
+  double prefill_gemm_flops = 0, prefill_gemm_seconds = 0, prefill_gemm_gflops = 0;
+};
+
+int bench_model(const cxxopts::ParseResult& r) {
+  if (!r.count("model")) bad_arg("--model FILE is required (or --memory-bandwidth or --peak-flops)");
+  const int64_t B = int_opt(r, "batch", 1), P = int_opt(r, "prompt-len", 128), N = int_opt(r, "new-tokens", 32);
+  const int64_t reps = int_opt(r, "reps", 3), warmup = int_opt(r, "warmup", 1), chunk = int_opt(r, "prefill-chunk", 256);
+  const uint64_t seed = r.count("seed") ? r["seed"].as<uint64_t>() : 0;
+  const bool as_json = r.count("json") > 0;
+  if (B < 1) bad_arg("--batch must be >= 1 (got " + std::to_string(B) + ")");
+  if (B > 65536) bad_arg("--batch must be <= 65536 (got " + std::to_string(B) + ")");
+  if (P < 1) bad_arg("--prompt-len must be >= 1 (got " + std::to_string(P) + ")");
+  if (N < 2) bad_arg("--new-tokens must be >= 2: the first token comes from the prefill, decode needs one more (got " +
+                     std::to_string(N) + ")");
+  if (reps < 1 || reps > 1000) bad_arg("--reps must be in [1, 1000] (got " + std::to_string(reps) + ")");
+  if (warmup < 0 || warmup > 1000) bad_arg("--warmup must be in [0, 1000] (got " + std::to_string(warmup) + ")");
+  if (chunk < 1) bad_arg("--prefill-chunk must be >= 1 (got " + std::to_string(chunk) + ")");
+  const std::string kn = r.count("kernels") ? r["kernels"].as<std::string>() : "auto";
+  if (kn != "auto" && !kernels::select(kn.c_str()))
+    bad_arg("--kernels '" + kn + "' is not available on this CPU (auto, avx512, avx2, generic)");
+  const int64_t topt = int_opt(r, "threads", 0);
+  if (topt < 0 || topt > 4096) bad_arg("--threads must be in [0, 4096] (got " + std::to_string(topt) + ")");
+  const int threads = kernels::set_threads(static_cast<int>(topt));
+
+  ColibriFile::Options fo;
+  fo.verify_dense = r.count("no-verify") == 0;
+  const std::string model_path = r["model"].as<std::string>();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(model_path, ec))
+    throw Error(Status::Io, "--model '" + model_path + "' is not a readable file");
+  std::shared_ptr<const ColibriFile> file = ColibriFile::open(model_path, fo);
+  const ModelConfig& c = file->config();
+  if (P + N > c.max_position_embeddings)
+    bad_arg("--prompt-len " + std::to_string(P) + " + --new-tokens " + std::to_string(N) + " = " + std::to_string(P + N) +
+            " positions exceed the model's context of " + std::to_string(c.max_position_embeddings));
+  if (B * (P + N) > (int64_t{1} << 31)) bad_arg("--batch x (--prompt-len + --new-tokens) is too large");
+  {
+    // A rough lower bound of what the engine allocates and touches (KV cache,
+    // logits and activations), so that a huge batch is refused rather than
+    // killed by the OOM killer.
+    const double width = c.attention == "mla" ? static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim)
+                                              : 2.0 * static_cast<double>(c.num_kv_heads * c.head_dim);
+    const double kv = static_cast<double>(c.num_layers) * static_cast<double>(B) * static_cast<double>(P + N) * width * 4;
+    const double rows = static_cast<double>(std::max(chunk, B));
+    const double act = rows * (static_cast<double>(c.vocab_size) + 8.0 * static_cast<double>(c.hidden_size)) * 4;
+    const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    if (phys > 0 && kv + act > 0.8 * phys)
+      bad_arg("--batch " + std::to_string(B) + " with " + std::to_string(P + N) + " positions needs at least " +
+              human_bytes(kv + act) + " for the KV cache and activations, more than 80% of the " + human_bytes(phys) +
+              " of memory");
+  }
+
+  const std::vector<Request> reqs = make_requests(c, B, P, N, seed);
+  const TensorView& embd = file->tensor(tname::token_embd());
+
+  ModelBytes bytes;
+  bytes.batch = B;
+  dense_bytes(*file, bytes);
+  bytes.kv = kv_bytes_per_step(c, B, P, N);
+
+  // The timed runs.
+  std::vector<RepResult> res;
+  NoiseProbe noise;
+  std::vector<std::vector<int32_t>> first_tokens;
+  bool identical = true;
+  {
+    auto comm = make_local_communicator();
+    Engine engine(file, engine_options(B, P, N, chunk), *comm);
+    engine.start_workers();
+    engine.validate(reqs);
+    spdlog::info("bench {}: {} layers, {} experts top-{}, batch {}, prompt {}, {} new tokens, {} threads, {} kernels",
+                 file->path(), c.num_layers, c.num_experts, c.experts_per_token, B, P, N, threads,
+                 kernels::active().name);
+    // The matrix products' time and flops during prefill: counters reset
+    // before the call and read when the last sequence's first token (the end
+    // of prefill) arrives.
+    GenerateOptions go;
+    int64_t first_seen = 0;
+    kernels::GemmStats prefill_gemm;
+    go.on_token = [&](int, int, int32_t) {
+      if (++first_seen == B) prefill_gemm = kernels::gemm_stats();
+      return true;
+    };
+    kernels::enable_gemm_stats(true);
+    for (int64_t i = 0; i < warmup + reps; ++i) {
+      if (i == warmup) noise.start();
+      RepResult rr;
+      first_seen = 0;
+      kernels::reset_gemm_stats();
+      auto out = engine.generate(reqs, go, &rr.st);
+      rr.prefill_gemm_flops = prefill_gemm.flops;
+      rr.prefill_gemm_seconds = prefill_gemm.seconds;
+      rr.prefill_gemm_gflops = prefill_gemm.seconds > 0 ? prefill_gemm.flops / prefill_gemm.seconds / 1e9 : 0;
+      std::vector<std::vector<int32_t>> toks;
+      for (auto& o : out) toks.push_back(o.tokens);
+      if (i == 0) first_tokens = toks;
+      else if (toks != first_tokens) identical = false;
+      if (i < warmup) {
+        spdlog::info("warm-up {}: prefill {:.3f} s, decode {:.3f} s", i + 1, rr.st.prefill_seconds, rr.st.decode_seconds);
+        continue;
+      }
+      res.push_back(rr);
+      spdlog::info("rep {}: prefill {:.3f} s, decode {:.3f} s", res.size(), rr.st.prefill_seconds, rr.st.decode_seconds);
+    }
+    noise.stop();
+    kernels::enable_gemm_stats(false);
+    engine.stop_workers();
+  }
+  if (!identical) spdlog::warn("the repetitions generated different tokens (the engine should be deterministic)");
+
+  // Routed experts per decode step.
+  const int64_t M = c.num_moe_layers(), K = c.experts_per_token;
+  double mean_block = 0;
+  for (const auto& e : file->experts()) mean_block += static_cast<double>(e.size);
+  mean_block /= std::max<size_t>(1, file->experts().size());
+  const uint64_t block0 = file->experts().empty() ? 0 : file->experts().front().size;
+  if (B == 1) {
+    double s = 0;
+    for (int64_t l = 0; l < M; ++l) s += static_cast<double>(K) * static_cast<double>(file->expert(static_cast<int>(l), 0).size);
+    bytes.routed = s;
+    bytes.distinct_per_layer = static_cast<double>(K);
+    bytes.routed_source = "batch 1: top_k expert blocks per MoE layer (exact)";
+  } else if (r.count("no-routing-trace")) {
+    const double d = static_cast<double>(std::min(B * K, static_cast<int64_t>(c.num_experts)));
+    bytes.routed = d * mean_block * static_cast<double>(M);
+    bytes.distinct_per_layer = d;
+    bytes.routed_source = "upper bound min(batch x top_k, experts) expert blocks per MoE layer (--no-routing-trace)";
+  } else {
+    routed_from_trace(file, reqs, P, N, chunk, bytes);
+  }
+
+  const int64_t steps = N - 1;
+  const double wstep = bytes.weights_per_step();
+  for (auto& rr : res) {
+    const auto& st = rr.st;
+    rr.prefill_tps = st.prefill_seconds > 0 ? st.prefill_tokens / st.prefill_seconds : 0;
+    rr.decode_tps = st.decode_seconds > 0 ? st.decode_tokens / st.decode_seconds : 0;
+    rr.ms_per_step = 1000.0 * st.decode_seconds / static_cast<double>(steps);
+    const double steps_per_s = st.decode_seconds > 0 ? steps / st.decode_seconds : 0;
+    rr.weight_gbps = wstep * steps_per_s / 1e9;
+    rr.total_gbps = (wstep + bytes.kv) * steps_per_s / 1e9;
+  }
+  auto col = [&](double RepResult::*m) {
+    std::vector<double> v;
+    for (const auto& rr : res) v.push_back(rr.*m);
+    return summarize(v);
+  };
+  const Summary pgemm = col(&RepResult::prefill_gemm_gflops);
+  const Summary prefill = col(&RepResult::prefill_tps), decode = col(&RepResult::decode_tps),
+                msps = col(&RepResult::ms_per_step), gbps = col(&RepResult::weight_gbps),
+                tgbps = col(&RepResult::total_gbps);
+
+  const std::string dtype = dtype_name(embd.dtype);
+  const std::string edtype = file->experts().empty() ? "-" : dtype_name(file->expert_dtype());
+  if (as_json) {
+    json reps_j = json::array();
+    for (const auto& rr : res)
+      reps_j.push_back({{"prefill_gemm_flops", rr.prefill_gemm_flops},
+                        {"prefill_gemm_seconds", rr.prefill_gemm_seconds},
+                        {"prefill_gemm_gflops", rr.prefill_gemm_gflops},
+                        {"prefill_tokens", rr.st.prefill_tokens},
+                        {"prefill_seconds", rr.st.prefill_seconds},
+                        {"prefill_tokens_per_s", rr.prefill_tps},
+                        {"decode_tokens", rr.st.decode_tokens},
+                        {"decode_seconds", rr.st.decode_seconds},
+                        {"decode_tokens_per_s", rr.decode_tps},
+                        {"decode_ms_per_step", rr.ms_per_step},
+                        {"weight_gbps", rr.weight_gbps},
+                        {"weight_and_kv_gbps", rr.total_gbps}});
+    json out = {
+        {"mode", "model"},
+        {"config",
+         {{"model", file->path()},
+          {"batch", B},
+          {"prompt_len", P},
+          {"new_tokens", N},
+          {"decode_steps", steps},
+          {"threads", threads},
+          {"reps", reps},
+          {"warmup", warmup},
+          {"seed", seed},
+          {"prefill_chunk", chunk},
+          {"kernels", kernels::active().name},
+          {"sampling", "greedy"},
+          {"ignore_eos", true}}},
+        {"machine", {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}}},
+        {"model",
+         {{"architecture", c.architecture},
+          {"dtype", dtype},
+          {"expert_dtype", edtype},
+          {"layers", c.num_layers},
+          {"moe_layers", M},
+          {"experts", c.num_experts},
+          {"top_k", K},
+          {"hidden_size", c.hidden_size},
+          {"vocab_size", c.vocab_size},
+          {"file_bytes", file->file_size()},
+          {"expert_block_bytes", block0}}},
+        {"bytes",
+         {{"dense_per_step", bytes.dense},
+          {"embedding_row", bytes.embedding_row},
+          {"lm_head", bytes.lm_head},
+          {"routed_experts_per_step", bytes.routed},
+          {"distinct_experts_per_moe_layer_per_step", bytes.distinct_per_layer},
+          {"routed_source", bytes.routed_source},
+          {"weights_per_step", wstep},
+          {"weights_per_token", bytes.weights_per_token()},
+          {"kv_cache_per_step", bytes.kv},
+          {"kv_cache_per_token", bytes.kv / static_cast<double>(B)}}},
+        {"tokens_identical_across_runs", identical},
+        {"noise", noise.to_json()},
+        {"reps", reps_j},
+        {"prefill_tokens_per_s", to_json(prefill)},
+        {"prefill_gemm_gflops", to_json(pgemm)},
+        {"decode_tokens_per_s", to_json(decode)},
+        {"decode_ms_per_step", to_json(msps)},
+        {"weight_gbps", to_json(gbps)},
+        {"weight_and_kv_gbps", to_json(tgbps)},
+        {"median",
+         {{"prefill_tokens_per_s", prefill.median},
+          {"prefill_gemm_gflops", pgemm.median},
+          {"decode_tokens_per_s", decode.median},
+          {"decode_ms_per_step", msps.median},
+          {"weight_gbps", gbps.median},
+          {"weight_and_kv_gbps", tgbps.median}}},
+    };
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+
+  std::printf("model:    %s\n", file->path().c_str());
+  std::printf("          %s, %lld layers (%lld MoE), %lld experts top-%lld, hidden %lld, vocab %lld; dtype %s, experts %s\n",
+              c.architecture.c_str(), (long long)c.num_layers, (long long)M, (long long)c.num_experts, (long long)K,
+              (long long)c.hidden_size, (long long)c.vocab_size, dtype.c_str(), edtype.c_str());
+  std::printf("run:      batch %lld, prompt %lld, %lld new tokens (%lld decode steps), greedy, ignore_eos, seed %llu\n",
+              (long long)B, (long long)P, (long long)N, (long long)steps, (unsigned long long)seed);
+  std::printf("          %d threads, %s kernels, %lld warm-up + %lld reps, prefill chunk %lld; cpu %s\n", threads,
+              kernels::active().name, (long long)warmup, (long long)reps, (long long)chunk, cpu_model().c_str());
+  std::printf("weights read per decode step: %s = dense %s + LM head %s + %lld embedding row(s) of %s + routed experts %s\n",
+              human_bytes(wstep).c_str(), human_bytes(static_cast<double>(bytes.dense)).c_str(),
+              human_bytes(static_cast<double>(bytes.lm_head)).c_str(), (long long)B,
+              human_bytes(static_cast<double>(bytes.embedding_row)).c_str(), human_bytes(bytes.routed).c_str());
+  std::printf("          routed: %.2f distinct experts per MoE layer per step x %s per block; %s\n",
+              bytes.distinct_per_layer, human_bytes(static_cast<double>(block0)).c_str(), bytes.routed_source.c_str());
+  std::printf("weights per decode token: %s (%.0f bytes); KV cache read per token (mean, not included): %s\n",
+              human_bytes(bytes.weights_per_token()).c_str(), bytes.weights_per_token(),
+              human_bytes(bytes.kv / static_cast<double>(B)).c_str());
+  if (!identical) std::printf("WARNING: the runs generated different tokens\n");
+  std::printf("\n%-7s %14s %14s %14s %12s %14s\n", "", "prefill tok/s", "decode tok/s", "decode ms/step", "weight GB/s",
+              "+KV GB/s");
+  for (size_t i = 0; i < res.size(); ++i)
+    std::printf("rep %-3zu %14.1f %14.2f %14.3f %12.2f %14.2f\n", i + 1, res[i].prefill_tps, res[i].decode_tps,
+                res[i].ms_per_step, res[i].weight_gbps, res[i].total_gbps);
+  std::printf("%-7s %14.1f %14.2f %14.3f %12.2f %14.2f\n", "median", prefill.median, decode.median, msps.median,
+              gbps.median, tgbps.median);
+  std::printf("%-7s %14.1f %14.2f %14.3f %12.2f %14.2f\n", "min", prefill.min, decode.min, msps.min, gbps.min, tgbps.min);
+  std::printf("%-7s %14.1f %14.2f %14.3f %12.2f %14.2f\n", "max", prefill.max, decode.max, msps.max, gbps.max, tgbps.max);
+  std::printf("\nachieved weight bandwidth (median): %s/step x %.2f steps/s = %.2f GB/s\n", human_bytes(wstep).c_str(),
+              msps.median > 0 ? 1000.0 / msps.median : 0.0, gbps.median);
+  std::printf("prefill matrix products (attention, router, dense/shared FFNs, experts, LM head): median %.1f GFLOP/s "
+              "(min %.1f, max %.1f), %.1f GFLOP per prefill; compare --peak-flops (quantised experts' products are not counted)\n",
+              pgemm.median, pgemm.min, pgemm.max, res.empty() ? 0.0 : res.front().prefill_gemm_flops / 1e9);
+  noise.print();
+  return 0;
+}
+
+// ===========================================================================
+// Memory bandwidth (STREAM)
+
+// Huge-page aligned, untouched memory (first touch happens in the parallel init).
+struct Array {
+  double* p = nullptr;
+  size_t bytes = 0;
+  explicit Array(size_t n) {
+    const size_t align = size_t{2} << 20;
+    bytes = (n * sizeof(double) + align - 1) / align * align;
+    p = static_cast<double*>(std::aligned_alloc(align, bytes));
+    if (!p) throw std::bad_alloc();
+    madvise(p, bytes, MADV_HUGEPAGE);  // a hint; failure is harmless
+  }
+  ~Array() { std::free(p); }
+  Array(const Array&) = delete;
+  Array& operator=(const Array&) = delete;
+};
+
+// NOTE: no memcpy/memset substitution: STREAM measures the plain loops.
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) void k_copy(double* __restrict c,
+                                                                           const double* __restrict a, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < n; ++j) c[j] = a[j];
+}
+void k_scale(double* __restrict b, const double* __restrict c, double s, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < n; ++j) b[j] = s * c[j];
+}
+void k_add(double* __restrict c, const double* __restrict a, const double* __restrict b, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < n; ++j) c[j] = a[j] + b[j];
+}
+void k_triad(double* __restrict a, const double* __restrict b, const double* __restrict c, double s, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < n; ++j) a[j] = b[j] + s * c[j];
+}
+// Read-only: 16 independent partial sums per thread so that the adds never
+// limit the rate (a single chain would: the compiler may not reorder FP adds).
+double k_sum(const double* __restrict a, int64_t n) {
+  double total = 0;
+#pragma omp parallel reduction(+ : total)
+  {
+    double s[16] = {0};
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < n / 16; ++blk)
+      for (int k = 0; k < 16; ++k) s[k] += a[blk * 16 + k];
+    double t = 0;
+    for (int k = 0; k < 16; ++k) t += s[k];
+    total += t;
+  }
+  return total;
+}
+
+volatile double g_sink;  // keeps every sum observable
+
+int bench_memory(const cxxopts::ParseResult& r) {
+  const int64_t mb = int_opt(r, "size-mb", 1024), reps = int_opt(r, "reps", 10);
+  const int64_t topt = int_opt(r, "threads", 0);
+  const bool as_json = r.count("json") > 0;
+  if (mb < 1) bad_arg("--size-mb must be >= 1 (got " + std::to_string(mb) + ")");
+  if (reps < 1 || reps > 100)
+    bad_arg("--reps must be in [1, 100] for --memory-bandwidth (the values grow 15x per repetition; got " +
+            std::to_string(reps) + ")");
+  if (topt < 0 || topt > 4096) bad_arg("--threads must be in [0, 4096] (got " + std::to_string(topt) + ")");
+  const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double need = 3.0 * static_cast<double>(mb) * 1048576.0;
+  if (phys > 0 && need > 0.8 * phys)
+    bad_arg("--size-mb " + std::to_string(mb) + ": three arrays need " + human_bytes(need) + ", more than 80% of the " +
+            human_bytes(phys) + " of memory");
+  const double l3 = l3_cache_bytes();
+  if (l3 > 0 && static_cast<double>(mb) * 1048576.0 < 4.0 * l3)
+    spdlog::warn("--size-mb {} is less than 4x the {} L3 cache: part of the traffic may hit the cache", mb,
+                 human_bytes(l3));
+  const int threads = kernels::set_threads(static_cast<int>(topt));
+  const int64_t n = mb * 1048576 / static_cast<int64_t>(sizeof(double));  // a multiple of 16
+
+  Array A(static_cast<size_t>(n)), Bv(static_cast<size_t>(n)), C(static_cast<size_t>(n));
+  double *a = A.p, *b = Bv.p, *c = C.p;
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < n; ++j) {
+    a[j] = 1.0;
+    b[j] = 2.0;
+    c[j] = 0.0;
+  }
+  const double scalar = 3.0;
+  const char* names[5] = {"copy", "scale", "add", "triad", "sum"};
+  const int arrays[5] = {2, 2, 3, 3, 1};
+  std::vector<double> times[5];
+  double aj = 1.0, bj = 2.0, cj = 0.0;  // the expected values, replayed
+  bool sum_ok = true;
+  double worst_sum_err = 0;
+  NoiseProbe noise;
+  // One untimed warm-up iteration, then `reps` timed ones.
+  for (int64_t it = 0; it <= reps; ++it) {
+    if (it == 1) noise.start();
+    double t[5];
+    double t0 = omp_get_wtime();
+    k_copy(c, a, n);
+    t[0] = omp_get_wtime() - t0;
+    t0 = omp_get_wtime();
+    k_scale(b, c, scalar, n);
+    t[1] = omp_get_wtime() - t0;
+    t0 = omp_get_wtime();
+    k_add(c, a, b, n);
+    t[2] = omp_get_wtime() - t0;
+    t0 = omp_get_wtime();
+    k_triad(a, b, c, scalar, n);
+    t[3] = omp_get_wtime() - t0;
+    t0 = omp_get_wtime();
+    const double s = k_sum(a, n);
+    t[4] = omp_get_wtime() - t0;
+    g_sink = s;
+    cj = aj;
+    bj = scalar * cj;
+    cj = aj + bj;
+    aj = bj + scalar * cj;
+    const double want = aj * static_cast<double>(n);
+    const double err = std::fabs(s - want) / want;
+    worst_sum_err = std::max(worst_sum_err, err);
+    if (!(err < 1e-6)) sum_ok = false;
+    if (it > 0)
+      for (int k = 0; k < 5; ++k) times[k].push_back(t[k]);
+  }
+  noise.stop();
+  // STREAM's check: the mean absolute error of each array against the replayed value.
+  double ea = 0, eb = 0, ec = 0;
+#pragma omp parallel for schedule(static) reduction(+ : ea, eb, ec)
+  for (int64_t j = 0; j < n; ++j) {
+    ea += std::fabs(a[j] - aj);
+    eb += std::fabs(b[j] - bj);
+    ec += std::fabs(c[j] - cj);
+  }
+  ea /= static_cast<double>(n);
+  eb /= static_cast<double>(n);
+  ec /= static_cast<double>(n);
+  const double eps = 1e-13;
+  if (!(ea / std::fabs(aj) < eps) || !(eb / std::fabs(bj) < eps) || !(ec / std::fabs(cj) < eps))
+    throw Error(Status::Internal, "STREAM validation failed: mean relative errors a " + std::to_string(ea / aj) + ", b " +
+                                      std::to_string(eb / bj) + ", c " + std::to_string(ec / cj));
+  if (!sum_ok)
+    throw Error(Status::Internal, "STREAM validation failed: the sum kernel is off by a relative " +
+                                      std::to_string(worst_sum_err));
+
+  const double array_bytes = static_cast<double>(n) * sizeof(double);
+  json kj = json::object();
+  struct Line {
+    double best, median, worst, best_s, bytes;
+  };
+  std::vector<Line> lines;
+  for (int k = 0; k < 5; ++k) {
+    const double bytes = arrays[k] * array_bytes;
+    std::vector<double> rates;
+    for (double t : times[k]) rates.push_back(t > 0 ? bytes / t / 1e9 : 0);
+    const Summary s = summarize(rates);
+    const double best_s = *std::min_element(times[k].begin(), times[k].end());
+    lines.push_back({s.max, s.median, s.min, best_s, bytes});
+    kj[names[k]] = {{"bytes_per_iteration", bytes},
+                    {"arrays_counted", arrays[k]},
+                    {"best_gbps", s.max},
+                    {"median_gbps", s.median},
+                    {"worst_gbps", s.min},
+                    {"seconds", times[k]}};
+  }
+  if (as_json) {
+    json out = {{"mode", "memory-bandwidth"},
+                {"config", {{"threads", threads}, {"size_mb", mb}, {"reps", reps}, {"array_bytes", array_bytes}}},
+                {"machine",
+                 {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}, {"l3_cache_bytes", l3}}},
+                {"validated", true},
+                {"noise", noise.to_json()},
+                {"kernels", kj}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("STREAM-style memory bandwidth: %d threads, 3 arrays of %lld MiB (double), %lld reps after 1 warm-up; cpu %s\n",
+              threads, (long long)mb, (long long)reps, cpu_model().c_str());
+  std::printf("GB/s = 10^9 bytes/s; Copy/Scale count 2 arrays, Add/Triad 3, Sum 1 (read only)\n\n");
+  std::printf("%-8s %12s %12s %12s %12s\n", "kernel", "best GB/s", "median GB/s", "worst GB/s", "best time s");
+  for (int k = 0; k < 5; ++k)
+    std::printf("%-8s %12.2f %12.2f %12.2f %12.6f\n", names[k], lines[static_cast<size_t>(k)].best,
+                lines[static_cast<size_t>(k)].median, lines[static_cast<size_t>(k)].worst,
+                lines[static_cast<size_t>(k)].best_s);
+  std::printf("\nvalidation: passed (arrays within 1e-13 of the replayed values, sums within 1e-6)\n");
+  noise.print();
+  return 0;
+}
+
+// ===========================================================================
+// Peak f32 FMA throughput
+
+constexpr int kChains = 12;
+
+__attribute__((target("avx2,fma"))) float fma_avx2(int64_t iters, float m, float add) {
+  const __m256 vm = _mm256_set1_ps(m), va = _mm256_set1_ps(add);
+  __m256 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(0.01f * static_cast<float>(i + 1));
+  for (int64_t it = 0; it < iters; ++it) {
+    acc[0] = _mm256_fmadd_ps(acc[0], vm, va);
+    acc[1] = _mm256_fmadd_ps(acc[1], vm, va);
+    acc[2] = _mm256_fmadd_ps(acc[2], vm, va);
+    acc[3] = _mm256_fmadd_ps(acc[3], vm, va);
+    acc[4] = _mm256_fmadd_ps(acc[4], vm, va);
+    acc[5] = _mm256_fmadd_ps(acc[5], vm, va);
+    acc[6] = _mm256_fmadd_ps(acc[6], vm, va);
+    acc[7] = _mm256_fmadd_ps(acc[7], vm, va);
+    acc[8] = _mm256_fmadd_ps(acc[8], vm, va);
+    acc[9] = _mm256_fmadd_ps(acc[9], vm, va);
+    acc[10] = _mm256_fmadd_ps(acc[10], vm, va);
+    acc[11] = _mm256_fmadd_ps(acc[11], vm, va);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm256_add_ps(s, acc[i]);
+  alignas(32) float out[8];
+  _mm256_store_ps(out, s);
+  float t = 0;
+  for (float v : out) t += v;
+  return t;
+}
+
+__attribute__((target("avx512f"))) float fma_avx512(int64_t iters, float m, float add) {
+  const __m512 vm = _mm512_set1_ps(m), va = _mm512_set1_ps(add);
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(0.01f * static_cast<float>(i + 1));
+  for (int64_t it = 0; it < iters; ++it) {
+    acc[0] = _mm512_fmadd_ps(acc[0], vm, va);
+    acc[1] = _mm512_fmadd_ps(acc[1], vm, va);
+    acc[2] = _mm512_fmadd_ps(acc[2], vm, va);
+    acc[3] = _mm512_fmadd_ps(acc[3], vm, va);
+    acc[4] = _mm512_fmadd_ps(acc[4], vm, va);
+    acc[5] = _mm512_fmadd_ps(acc[5], vm, va);
+    acc[6] = _mm512_fmadd_ps(acc[6], vm, va);
+    acc[7] = _mm512_fmadd_ps(acc[7], vm, va);
+    acc[8] = _mm512_fmadd_ps(acc[8], vm, va);
+    acc[9] = _mm512_fmadd_ps(acc[9], vm, va);
+    acc[10] = _mm512_fmadd_ps(acc[10], vm, va);
+    acc[11] = _mm512_fmadd_ps(acc[11], vm, va);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm512_add_ps(s, acc[i]);
+  alignas(64) float out[16];
+  _mm512_store_ps(out, s);
+  float t = 0;
+  for (float v : out) t += v;
+  return t;
+}
+
+volatile float g_fsink;
+volatile float g_mul = 0.999999f, g_add = 1e-6f;  // read at run time: nothing to fold
+
+struct Isa {
+  const char* name;
+  int lanes;
+  float (*fn)(int64_t, float, float);
+  bool available;
+};
+
+int bench_flops(const cxxopts::ParseResult& r) {
+  const int64_t reps = int_opt(r, "reps", 3), topt = int_opt(r, "threads", 0);
+  const bool as_json = r.count("json") > 0;
+  if (reps < 1 || reps > 1000) bad_arg("--reps must be in [1, 1000] (got " + std::to_string(reps) + ")");
+  if (topt < 0 || topt > 4096) bad_arg("--threads must be in [0, 4096] (got " + std::to_string(topt) + ")");
+  const int threads = kernels::set_threads(static_cast<int>(topt));
+  __builtin_cpu_init();
+  const Isa isas[] = {
+      {"avx2+fma", 8, fma_avx2, __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")},
+      {"avx512f", 16, fma_avx512, static_cast<bool>(__builtin_cpu_supports("avx512f"))},
+  };
+  json ij = json::object();
+  struct Line {
+    const char* name;
+    int lanes;
+    Summary gf;
+    double seconds;
+    int64_t iters;
+  };
+  std::vector<Line> lines;
+  NoiseProbe noise;
+  noise.start();
+  for (const auto& isa : isas) {
+    if (!isa.available) {
+      spdlog::info("{}: not supported by this CPU, skipped", isa.name);
+      continue;
+    }
+    // Calibrate on one thread: iterations for about 0.3 s.
+    int64_t iters = 1 << 16;
+    for (;;) {
+      const double t0 = omp_get_wtime();
+      g_fsink = isa.fn(iters, g_mul, g_add);
+      const double dt = omp_get_wtime() - t0;
+      if (dt > 0.03 || iters > (int64_t{1} << 40)) {
+        iters = static_cast<int64_t>(static_cast<double>(iters) * 0.3 / std::max(dt, 1e-9));
+        break;
+      }
+      iters *= 2;
+    }
+    iters = std::max<int64_t>(iters, 1);
+    std::vector<double> gfs, secs;
+    for (int64_t rep = 0; rep < reps; ++rep) {
+      double t0 = 0, t1 = 0;
+      float total = 0;
+      int team = 1;
+#pragma omp parallel reduction(+ : total)
+      {
+#pragma omp barrier
+#pragma omp master
+        {
+          team = omp_get_num_threads();
+          t0 = omp_get_wtime();
+        }
+        total += isa.fn(iters, g_mul, g_add);
+#pragma omp barrier
+#pragma omp master
+        t1 = omp_get_wtime();
+      }
+      g_fsink = total;
+      const double flops = static_cast<double>(team) * static_cast<double>(iters) * kChains * isa.lanes * 2.0;
+      gfs.push_back(flops / (t1 - t0) / 1e9);
+      secs.push_back(t1 - t0);
+    }
+    const Summary s = summarize(gfs);
+    lines.push_back({isa.name, isa.lanes, s, summarize(secs).median, iters});
+    ij[isa.name] = {{"lanes", isa.lanes},
+                    {"chains", kChains},
+                    {"iterations_per_thread", iters},
+                    {"best_gflops", s.max},
+                    {"median_gflops", s.median},
+                    {"worst_gflops", s.min},
+                    {"best_gflops_per_thread", s.max / threads},
+                    {"gflops", gfs}};
+  }
+  noise.stop();
+  if (as_json) {
+    json out = {{"mode", "peak-flops"},
+                {"noise", noise.to_json()},
+                {"config", {{"threads", threads}, {"reps", reps}, {"chains", kChains}}},
+                {"machine", {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}}},
+                {"isas", ij}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("f32 FMA peak: %d threads, %d independent FMA chains per thread, %lld reps of about 0.3 s; cpu %s\n",
+              threads, kChains, (long long)reps, cpu_model().c_str());
+  std::printf("GFLOP/s = FMAs x lanes x 2 / s / 10^9\n\n");
+  std::printf("%-10s %6s %12s %14s %14s %18s\n", "isa", "lanes", "best GFLOP/s", "median GFLOP/s", "worst GFLOP/s",
+              "best per thread");
+  for (const auto& l : lines)
+    std::printf("%-10s %6d %12.1f %14.1f %14.1f %18.1f\n", l.name, l.lanes, l.gf.max, l.gf.median, l.gf.min,
+                l.gf.max / threads);
+  if (lines.empty()) std::printf("(this CPU has neither AVX2+FMA nor AVX-512F)\n");
+  noise.print();
+  return 0;
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  cxxopts::Options o("colibri bench",
+                     "Measure generation speed, memory bandwidth or peak FMA throughput (docs/benchmarks.md).\n"
+                     "  colibri bench --model FILE [--batch B --prompt-len P --new-tokens N --reps R --warmup W]\n"
+                     "  colibri bench --memory-bandwidth [--size-mb M --reps R]\n"
+                     "  colibri bench --peak-flops [--reps R]");
+  o.add_options()("m,model", ".colibri model file to benchmark", cxxopts::value<std::string>())(
+      "memory-bandwidth", "STREAM-style memory bandwidth (Copy, Scale, Add, Triad, Sum) instead of a model")(
+      "peak-flops", "f32 FMA throughput per ISA (AVX2+FMA, AVX-512F) instead of a model")(
+      "t,threads", "Compute threads; 0 = all cores (default 0)", cxxopts::value<int64_t>())(
+      "reps", "Timed repetitions (default: model 3, memory 10, flops 3)", cxxopts::value<int64_t>())(
+      "json", "Print one JSON object with the configuration and every measurement");
+  o.add_options("model")("b,batch", "Sequences generated together (default 1)", cxxopts::value<int64_t>())(
+      "prompt-len", "Random prompt tokens per sequence (default 128)", cxxopts::value<int64_t>())(
+      "new-tokens", "Tokens generated per sequence, >= 2 (default 32)", cxxopts::value<int64_t>())(
+      "warmup", "Untimed runs before the timed ones (default 1)", cxxopts::value<int64_t>())(
+      "seed", "Seed of the random prompts (default 0)", cxxopts::value<uint64_t>())(
+      "prefill-chunk", "Most tokens per prefill pass (default 256)", cxxopts::value<int64_t>())(
+      "kernels", "CPU kernels: auto, avx512, avx2 or generic (default auto: the widest the CPU has)", cxxopts::value<std::string>())(
+      "no-routing-trace",
+      "Batch > 1: skip the extra run that records the routing; count min(batch x top_k, experts) experts per layer")(
+      "no-verify", "Skip the checksum check of dense tensors at load");
+  o.add_options("memory")("size-mb", "MiB per array (default 1024; keep it well above the L3 cache)",
+                          cxxopts::value<int64_t>());
+  add_common_options(o);
+  auto r = o.parse(argc, argv);
+  if (handle_common(o, r)) return 0;
+  if (!r.unmatched().empty()) bad_arg("unexpected argument '" + r.unmatched().front() + "'");
+
+  const bool mem = r.count("memory-bandwidth") > 0, flops = r.count("peak-flops") > 0, model = r.count("model") > 0;
+  if (mem + flops + model > 1) bad_arg("give one of --model, --memory-bandwidth and --peak-flops");
+  const char* model_only[] = {"batch", "prompt-len", "new-tokens", "warmup", "seed", "prefill-chunk", "kernels",
+                              "no-routing-trace", "no-verify"};
+  if (mem || flops) {
+    for (const char* k : model_only)
+      if (r.count(k)) bad_arg(std::string("--") + k + " applies to a model benchmark (--model), not to " +
+                              (mem ? "--memory-bandwidth" : "--peak-flops"));
+  }
+  if (r.count("size-mb") && !mem) bad_arg("--size-mb applies to --memory-bandwidth only");
+  if (mem) return bench_memory(r);
+  if (flops) return bench_flops(r);
+  return bench_model(r);
+}
+
+}  // namespace colibri::cli
