@@ -52,10 +52,6 @@ void add_bias(float* y, int64_t rows, int64_t width, const std::vector<float>& b
     for (int64_t i = 0; i < width; ++i) y[r * width + i] += b[static_cast<size_t>(i)];
 }
 
-const uint8_t* at_row(const TensorView& t, int64_t row, int64_t row_len) {
-  return t.data + static_cast<size_t>(row * row_len) * dtype_size(t.dtype);
-}
-
 FfnWeights ffn_weights(const ColibriFile& f, int l, const char* gate, const char* up, const char* down) {
   FfnWeights w;
   const TensorView& g = f.tensor(tname::layer(l, gate));

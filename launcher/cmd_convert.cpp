@@ -1,4 +1,5 @@
 // cmd_convert.cpp: colibri convert HF_DIR OUT.colibri [--dtype f32|bf16|f16]
+//                  [--quantize-experts int8|int4 [--group-size 16|32|64|128]]
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -18,7 +19,11 @@ int cmd_convert(int argc, char** argv) {
   o.add_options()("input", "Hugging Face model directory", cxxopts::value<std::string>())(
       "output", "Output .colibri file", cxxopts::value<std::string>())(
       "dtype", "Storage of matrices: f32, bf16 or f16 (norms stay f32); default: the checkpoint's",
-      cxxopts::value<std::string>());
+      cxxopts::value<std::string>())(
+      "quantize-experts", "Store the routed experts' matrices as int8 or int4 (symmetric per group, f16 scales; "
+      "dense matrices stay in --dtype); see docs/quantization.md", cxxopts::value<std::string>())(
+      "group-size", "Inputs per quantisation group: 16, 32, 64 or 128 (must divide hidden_size and intermediate_size)",
+      cxxopts::value<std::string>()->default_value("32"));
   add_common_options(o);
   o.parse_positional({"input", "output"});
   o.positional_help("HF_DIR OUT.colibri");
@@ -31,6 +36,26 @@ int cmd_convert(int argc, char** argv) {
     auto dt = dtype_from_name(r["dtype"].as<std::string>());
     if (!dt) throw Error(Status::InvalidArgument, "unknown --dtype '" + r["dtype"].as<std::string>() + "' (f32, bf16, f16)");
     co.dtype = *dt;
+  }
+  if (r.count("quantize-experts")) {
+    const std::string q = r["quantize-experts"].as<std::string>();
+    if (!quant_type_from_name(q, &co.expert_quant) || co.expert_quant == QuantType::None)
+      throw Error(Status::InvalidArgument, "unknown --quantize-experts '" + q + "' (int8, int4)");
+  }
+  {
+    const std::string g = r["group-size"].as<std::string>();
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(g, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != g.size() || !quant_group_supported(v))
+      throw Error(Status::InvalidArgument, "--group-size '" + g + "' is not supported (supported: 16, 32, 64, 128)");
+    if (r.count("group-size") && co.expert_quant == QuantType::None)
+      throw Error(Status::InvalidArgument, "--group-size needs --quantize-experts int8|int4");
+    co.group_size = v;
   }
   Progress prog("convert");
   co.progress = [&](uint64_t d, uint64_t t, const std::string&) { prog.update(d, t); };
@@ -50,8 +75,12 @@ int cmd_convert(int argc, char** argv) {
   }
   prog.finish();
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  spdlog::info("wrote {} ({} tensors, {} experts, {:.1f} MiB, {}) in {:.2f} s", r["output"].as<std::string>(), res.tensors,
-               res.experts, res.bytes / 1048576.0, dtype_name(res.dtype), s);
+  std::string experts_as = res.expert_quant == QuantType::None
+                               ? std::string()
+                               : std::string(", experts ") + quant_type_name(res.expert_quant) + " group " +
+                                     std::to_string(res.group_size);
+  spdlog::info("wrote {} ({} tensors, {} experts, {:.1f} MiB, {}{}) in {:.2f} s", r["output"].as<std::string>(), res.tensors,
+               res.experts, res.bytes / 1048576.0, dtype_name(res.dtype), experts_as, s);
   return 0;
 }
 

@@ -41,19 +41,38 @@ std::string layer(int l, const char* what) { return "blk." + std::to_string(l) +
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 ExpertLayout expert_layout(const ModelConfig& c, DType dtype) {
-  const uint64_t mat = static_cast<uint64_t>(c.intermediate_size) * c.hidden_size * dtype_size(dtype);
+  const uint64_t H = static_cast<uint64_t>(c.hidden_size), I = static_cast<uint64_t>(c.intermediate_size);
   ExpertLayout l{};
   l.gate_offset = 0;
-  l.up_offset = align_up(mat, kMatrixAlign);
-  l.down_offset = l.up_offset + align_up(mat, kMatrixAlign);
-  l.size = l.down_offset + mat;
+  QuantType qt = QuantType::None;
+  if (!quant_type_from_name(c.expert_quant.type, &qt))
+    throw Error(Status::Format, "invalid model config: expert_quant.type '" + c.expert_quant.type + "' is not supported");
+  if (qt == QuantType::None) {
+    const uint64_t mat = I * H * dtype_size(dtype);
+    l.up_offset = align_up(mat, kMatrixAlign);
+    l.down_offset = l.up_offset + align_up(mat, kMatrixAlign);
+    l.size = l.down_offset + mat;
+  } else {
+    // codes then f16 scales, per matrix; gate/up are [I, H], down [H, I].
+    const uint64_t G = static_cast<uint64_t>(c.expert_quant.group_size);
+    const uint64_t codes = I * quant_row_bytes(qt, c.hidden_size);  // == H * quant_row_bytes(qt, I)
+    const uint64_t sc_in_h = I * (H / G) * 2, sc_in_i = H * (I / G) * 2;
+    l.quant = qt;
+    l.quant_group = static_cast<int>(G);
+    l.gate_scale_offset = align_up(codes, kMatrixAlign);
+    l.up_offset = l.gate_scale_offset + align_up(sc_in_h, kMatrixAlign);
+    l.up_scale_offset = l.up_offset + align_up(codes, kMatrixAlign);
+    l.down_offset = l.up_scale_offset + align_up(sc_in_h, kMatrixAlign);
+    l.down_scale_offset = l.down_offset + align_up(codes, kMatrixAlign);
+    l.size = l.down_scale_offset + sc_in_i;
+  }
   if (c.expert_bias) {
-    const uint64_t ib = static_cast<uint64_t>(c.intermediate_size) * sizeof(float);
+    const uint64_t ib = I * sizeof(float);
     l.has_bias = true;
     l.gate_bias_offset = align_up(l.size, kMatrixAlign);
     l.up_bias_offset = l.gate_bias_offset + align_up(ib, kMatrixAlign);
     l.down_bias_offset = l.up_bias_offset + align_up(ib, kMatrixAlign);
-    l.size = l.down_bias_offset + static_cast<uint64_t>(c.hidden_size) * sizeof(float);
+    l.size = l.down_bias_offset + H * sizeof(float);
   }
   return l;
 }
@@ -70,6 +89,9 @@ ExpertView rebase(const ExpertView& e, const uint8_t* block) {
   v.gate_bias = reinterpret_cast<const float*>(move(e.gate_bias));
   v.up_bias = reinterpret_cast<const float*>(move(e.up_bias));
   v.down_bias = reinterpret_cast<const float*>(move(e.down_bias));
+  v.gate_scales = reinterpret_cast<const uint16_t*>(move(e.gate_scales));
+  v.up_scales = reinterpret_cast<const uint16_t*>(move(e.up_scales));
+  v.down_scales = reinterpret_cast<const uint16_t*>(move(e.down_scales));
   return v;
 }
 
@@ -281,6 +303,9 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
                   std::to_string(c.num_experts) + " experts)");
   f->experts_.resize(want_experts);
   std::vector<bool> seen(want_experts, false);
+  QuantType want_quant = QuantType::None;
+  quant_type_from_name(c.expert_quant.type, &want_quant);  // validated with the config
+  const uint32_t want_code = quant_storage_code(want_quant);
   for (uint64_t i = 0; i < h.expert_count; ++i) {
     ExpertRecord r;
     std::memcpy(&r, base + h.expert_index_offset + i * kExpertRecordSize, sizeof r);
@@ -291,8 +316,18 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
     std::string what = "expert " + std::to_string(r.expert) + " of layer " + std::to_string(r.layer);
     if (seen[slot]) bad(path, what + " appears twice in the expert index");
     seen[slot] = true;
-    if (!dtype_valid(r.dtype)) bad(path, what + " has invalid dtype " + std::to_string(r.dtype));
-    DType dt = static_cast<DType>(r.dtype);
+    // Quantised files (config expert_quant) store every expert as its storage code.
+    DType dt = DType::F32;
+    if (want_code != 0) {
+      if (r.dtype != want_code)
+        bad(path, what + " has dtype " + std::to_string(r.dtype) + " but the config's expert_quant is " +
+                      c.expert_quant.type + " (" + std::to_string(want_code) + ")");
+    } else {
+      if (r.dtype == kExpertStorageInt8 || r.dtype == kExpertStorageInt4)
+        bad(path, what + " is stored quantised (dtype " + std::to_string(r.dtype) + ") but the config has no expert_quant");
+      if (!dtype_valid(r.dtype)) bad(path, what + " has invalid dtype " + std::to_string(r.dtype));
+      dt = static_cast<DType>(r.dtype);
+    }
     ExpertLayout lay = expert_layout(c, dt);
     if (r.size != lay.size || r.gate_offset != lay.gate_offset || r.up_offset != lay.up_offset ||
         r.down_offset != lay.down_offset)
@@ -311,6 +346,13 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
       e.gate_bias = reinterpret_cast<const float*>(e.block + lay.gate_bias_offset);
       e.up_bias = reinterpret_cast<const float*>(e.block + lay.up_bias_offset);
       e.down_bias = reinterpret_cast<const float*>(e.block + lay.down_bias_offset);
+    }
+    if (lay.quant != QuantType::None) {
+      e.quant = lay.quant;
+      e.quant_group = lay.quant_group;
+      e.gate_scales = reinterpret_cast<const uint16_t*>(e.block + lay.gate_scale_offset);
+      e.up_scales = reinterpret_cast<const uint16_t*>(e.block + lay.up_scale_offset);
+      e.down_scales = reinterpret_cast<const uint16_t*>(e.block + lay.down_scale_offset);
     }
     e.offset = r.offset;
     e.size = r.size;
@@ -421,7 +463,7 @@ ColibriWriter::ColibriWriter(const std::string& path, const ModelConfig& config,
       r.expert = static_cast<uint32_t>(e);
       r.offset = off;
       r.size = m.layout.size;
-      r.dtype = static_cast<uint32_t>(expert_dtype);
+      r.dtype = m.layout.quant != QuantType::None ? quant_storage_code(m.layout.quant) : static_cast<uint32_t>(expert_dtype);
       r.gate_offset = m.layout.gate_offset;
       r.up_offset = m.layout.up_offset;
       r.down_offset = m.layout.down_offset;

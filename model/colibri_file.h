@@ -9,6 +9,7 @@
 #include "model/config.h"
 #include "model/dtype.h"
 #include "model/mapped_file.h"
+#include "model/quant.h"
 
 namespace colibri {
 
@@ -59,7 +60,7 @@ struct ExpertRecord {
   uint64_t offset;
   uint64_t size;
   uint64_t checksum;  // XXH3-64 of the whole block
-  uint32_t dtype;
+  uint32_t dtype;  // a DType, or kExpertStorageInt8/Int4 for quantised blocks (model/quant.h)
   uint32_t reserved;
   uint64_t gate_offset;  // relative to the block: gate [intermediate, hidden]
   uint64_t up_offset;    // up   [intermediate, hidden]
@@ -79,11 +80,18 @@ struct TensorView {
 // One expert's weights: three row-major matrices inside one contiguous block.
 struct ExpertView {
   int layer = 0, expert = 0;
-  DType dtype = DType::F32;
+  DType dtype = DType::F32;  // NOTE: meaningless (F32) when `quant` is not None
   const uint8_t* block = nullptr;
   const void* gate = nullptr;  // [intermediate, hidden]
   const void* up = nullptr;    // [intermediate, hidden]
   const void* down = nullptr;  // [hidden, intermediate]
+  // Quantised matrices (ModelConfig::expert_quant): gate, up and down hold the
+  // codes and these their f16 scales [rows, cols / quant_group] (model/quant.h).
+  QuantType quant = QuantType::None;
+  int quant_group = 0;
+  const uint16_t* gate_scales = nullptr;
+  const uint16_t* up_scales = nullptr;
+  const uint16_t* down_scales = nullptr;
   // f32 biases (ModelConfig::expert_bias), null otherwise.
   const float* gate_bias = nullptr;  // [intermediate]
   const float* up_bias = nullptr;    // [intermediate]
@@ -106,11 +114,15 @@ std::string layer(int l, const char* what);  // "blk.{l}.{what}"
 
 // Byte layout of one expert block for a config and dtype: gate, up, down in
 // the expert dtype, then (with expert_bias) f32 gate, up and down biases, each
-// part 64-byte aligned.
+// part 64-byte aligned. With the config's expert_quant (dtype then ignored):
+// gate codes, gate scales, up codes, up scales, down codes, down scales, biases.
 struct ExpertLayout {
   uint64_t gate_offset, up_offset, down_offset, size;
   bool has_bias = false;
   uint64_t gate_bias_offset = 0, up_bias_offset = 0, down_bias_offset = 0;
+  QuantType quant = QuantType::None;
+  int quant_group = 0;
+  uint64_t gate_scale_offset = 0, up_scale_offset = 0, down_scale_offset = 0;
 };
 ExpertLayout expert_layout(const ModelConfig& c, DType dtype);
 

@@ -385,7 +385,7 @@ ModelConfig ModelConfig::from_hf(const json& hf) {
 }
 
 json ModelConfig::to_json() const {
-  return json{
+  json j{
       {"architecture", architecture},
       {"vocab_size", vocab_size},
       {"hidden_size", hidden_size},
@@ -447,6 +447,10 @@ json ModelConfig::to_json() const {
       {"swiglu_limit", swiglu_limit},
       {"expert_bias", expert_bias},
   };
+  // NOTE: optional, and absent for unquantised files, so they stay byte for byte as before.
+  if (expert_quant.type != "none")
+    j["expert_quant"] = json{{"type", expert_quant.type}, {"group_size", expert_quant.group_size}};
+  return j;
 }
 
 namespace {
@@ -533,6 +537,12 @@ ModelConfig ModelConfig::from_json(const json& j) {
   c.swiglu_alpha = get_or<double>(j, "swiglu_alpha", 1.702, what);
   c.swiglu_limit = get_or<double>(j, "swiglu_limit", 7.0, what);
   c.expert_bias = get_or<bool>(j, "expert_bias", false, what);
+  if (j.contains("expert_quant")) {
+    if (!j["expert_quant"].is_object()) throw Error(Status::Format, "model config: 'expert_quant' is not an object");
+    const auto& q = j["expert_quant"];
+    c.expert_quant.type = get_required<std::string>(q, "type", what);
+    c.expert_quant.group_size = get_required<int64_t>(q, "group_size", what);
+  }
   // NOTE: bounded before validate() so a hostile file cannot make us allocate GBs.
   if (j.contains("layer_windows")) c.layer_windows = get_int_list(j, "layer_windows", what, 4096);
   if (j.contains("moe_layers")) c.moe_layers = get_int_list(j, "moe_layers", what, 4096);
@@ -631,6 +641,18 @@ void ModelConfig::validate() const {
   check(!shared_expert_gate || shared_intermediate_size > 0, "shared_expert_gate needs a shared expert");
   one_of(expert_act, {"silu", "swiglu_oai"}, "expert_act");
   check(std::isfinite(swiglu_alpha) && std::isfinite(swiglu_limit) && swiglu_limit > 0, "swiglu_alpha/limit must be finite");
+  one_of(expert_quant.type, {"none", "int8", "int4"}, "expert_quant.type");
+  if (expert_quant.type != "none") {
+    const int64_t g = expert_quant.group_size;
+    check(g == 16 || g == 32 || g == 64 || g == 128,
+          "expert_quant.group_size " + std::to_string(g) + " is not supported (supported: 16, 32, 64, 128)");
+    check(hidden_size % g == 0, "expert_quant.group_size " + std::to_string(g) + " does not divide hidden_size " +
+                                    std::to_string(hidden_size));
+    check(intermediate_size % g == 0, "expert_quant.group_size " + std::to_string(g) +
+                                          " does not divide intermediate_size " + std::to_string(intermediate_size));
+  } else {
+    check(expert_quant.group_size == 0, "expert_quant.group_size must be 0 without quantisation");
+  }
 }
 
 std::vector<float> rope_inv_freq(const ModelConfig& c) {

@@ -86,6 +86,14 @@ struct ModelConfig {
   std::string expert_act = "silu";        // silu: down(silu(gate) * up); swiglu_oai: gpt-oss clamped SwiGLU
   double swiglu_alpha = 1.702, swiglu_limit = 7.0;
   bool expert_bias = false;               // experts' projections have biases (gpt-oss)
+  // Routed experts' matrices stored quantised (docs/quantization.md): "none"
+  // (in the expert dtype), "int8" or "int4", symmetric per `group_size`
+  // consecutive inputs of each output row with an f16 scale. Optional in the
+  // embedded JSON ("expert_quant" object), written only when not "none".
+  struct ExpertQuant {
+    std::string type = "none";
+    int64_t group_size = 0;
+  } expert_quant;
 
   // Index of `layer` among the MoE layers, or -1 for a dense layer. Placement,
   // routing traces and the expert index count MoE layers by this index.

@@ -193,6 +193,20 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
     throw Error(Status::Format, cfg_path.string() + ": not valid JSON (" + e.what() + ")");
   }
   ModelConfig cfg = ModelConfig::from_hf(hf);
+  if (opts.expert_quant != QuantType::None) {
+    // NOTE: checked before anything is read or written; the messages name the option.
+    const int64_t g = opts.group_size;
+    if (!quant_group_supported(g))
+      throw Error(Status::InvalidArgument, "--group-size " + std::to_string(g) + " is not supported (supported: 16, 32, 64, 128)");
+    if (cfg.hidden_size % g != 0)
+      throw Error(Status::InvalidArgument, "--group-size " + std::to_string(g) + " does not divide hidden_size " +
+                                               std::to_string(cfg.hidden_size));
+    if (cfg.intermediate_size % g != 0)
+      throw Error(Status::InvalidArgument, "--group-size " + std::to_string(g) + " does not divide intermediate_size " +
+                                               std::to_string(cfg.intermediate_size));
+    cfg.expert_quant.type = quant_type_name(opts.expert_quant);
+    cfg.expert_quant.group_size = g;
+  }
   Checkpoint ck(hf_dir);
 
   const SafeTensor& embd = expect(ck, "model.embed_tokens.weight", {cfg.vocab_size, cfg.hidden_size});
@@ -360,9 +374,29 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
         }
       }
       buf.assign(lay.size, 0);
-      convert_elements(g.data(), DType::F32, buf.data() + lay.gate_offset, dtype, mat);
-      convert_elements(u.data(), DType::F32, buf.data() + lay.up_offset, dtype, mat);
-      convert_elements(dn.data(), DType::F32, buf.data() + lay.down_offset, dtype, mat);
+      if (lay.quant == QuantType::None) {
+        convert_elements(g.data(), DType::F32, buf.data() + lay.gate_offset, dtype, mat);
+        convert_elements(u.data(), DType::F32, buf.data() + lay.up_offset, dtype, mat);
+        convert_elements(dn.data(), DType::F32, buf.data() + lay.down_offset, dtype, mat);
+      } else {
+        // Row by row: codes [rows][row bytes], then f16 scales [rows][cols / group].
+        auto quantize = [&](const float* src, int64_t rows, int64_t cols, uint64_t codes_off, uint64_t scales_off,
+                            const char* which) {
+          const uint64_t rb = quant_row_bytes(lay.quant, cols);
+          const int64_t ng = cols / lay.quant_group;
+          for (int64_t r = 0; r < rows; ++r) {
+            uint16_t* sc = reinterpret_cast<uint16_t*>(buf.data() + scales_off) + r * ng;
+            if (!quantize_row(lay.quant, lay.quant_group, src + r * cols, cols, buf.data() + codes_off + r * rb, sc))
+              throw Error(Status::Format, "layer " + std::to_string(l) + " expert " + std::to_string(e) + ": " + which +
+                                              " row " + std::to_string(r) +
+                                              " has a non-finite weight or a group scale beyond the f16 range; "
+                                              "it cannot be quantised");
+          }
+        };
+        quantize(g.data(), I, H, lay.gate_offset, lay.gate_scale_offset, "gate");
+        quantize(u.data(), I, H, lay.up_offset, lay.up_scale_offset, "up");
+        quantize(dn.data(), H, I, lay.down_offset, lay.down_scale_offset, "down");
+      }
       if (lay.has_bias) {
         read_f32(*gub, static_cast<size_t>(e * 2 * I), static_cast<size_t>(2 * I), row.data());
         for (int64_t i = 0; i < I; ++i) gb[static_cast<size_t>(i)] = row[static_cast<size_t>(2 * i)], ub[static_cast<size_t>(i)] = row[static_cast<size_t>(2 * i + 1)];
@@ -383,6 +417,8 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
   w.finish();
   res.bytes = w.total_bytes();
   res.dtype = dtype;
+  res.expert_quant = lay.quant;
+  res.group_size = lay.quant_group;
   return res;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/dtype.h"
+#include "model/quant.h"
 
 namespace colibri {
 
@@ -15,6 +16,11 @@ struct ConvertOptions {
   // Storage of matrices (dense and experts); norms stay f32. Unset: the
   // checkpoint's own dtype (that of its embedding table).
   std::optional<DType> dtype;
+  // Routed experts' gate/up/down stored quantised (int8 or int4, symmetric per
+  // `group_size` inputs, f16 scales; docs/quantization.md); None: in `dtype`.
+  // Dense matrices stay in `dtype`, expert biases f32.
+  QuantType expert_quant = QuantType::None;
+  int64_t group_size = kQuantDefaultGroup;
   // Called after each tensor or expert block: (bytes written, total bytes, name).
   std::function<void(uint64_t, uint64_t, const std::string&)> progress;
   // Polled between tensors: non-zero (a signal number) stops the conversion
@@ -27,6 +33,8 @@ struct ConvertResult {
   int tensors = 0;
   int experts = 0;
   DType dtype = DType::F32;  // the matrices' storage
+  QuantType expert_quant = QuantType::None;
+  int64_t group_size = 0;
 };
 
 // The Hugging Face tensors a checkpoint of this config holds (all that the

@@ -135,7 +135,9 @@ TEST(Families, GroupedSigmoidRoutingFollowsItsRules) {
       const int32_t e = ex[r * K + j];
       const int g = e / per;
       EXPECT_TRUE(g == order[0] || g == order[1]) << "row " << r << ": expert " << e << " outside the kept groups";
-      if (j > 0) EXPECT_GE(choice[ex[r * K + j - 1]], choice[e]) << "slots not in descending order";
+      if (j > 0) {
+        EXPECT_GE(choice[ex[r * K + j - 1]], choice[e]) << "slots not in descending order";
+      }
       sum += p[e];
     }
     // Every allowed expert not chosen scores no higher than the k-th choice.

@@ -25,6 +25,11 @@ struct FfnWeights {
   DType dtype = DType::F32;
   const void *gate = nullptr, *up = nullptr, *down = nullptr;  // [inter, hidden], [inter, hidden], [hidden, inter]
   const float *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;  // optional
+  // Quantised matrices (routed experts of an expert_quant file): gate, up and
+  // down are codes with these f16 scales, and `dtype` is unused.
+  QuantType quant = QuantType::None;
+  int64_t quant_group = 0;
+  const uint16_t *gate_scales = nullptr, *up_scales = nullptr, *down_scales = nullptr;
   static FfnWeights of(const ExpertView& e);
 };
 
