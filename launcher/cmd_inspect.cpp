@@ -11,6 +11,12 @@
 namespace colibri::cli {
 
 namespace {
+// The experts' storage: a dtype, or "int8 g32" etc. for quantised experts.
+std::string expert_storage(const ColibriFile& f) {
+  const ModelConfig& c = f.config();
+  if (c.expert_quant.type != "none") return c.expert_quant.type + " g" + std::to_string(c.expert_quant.group_size);
+  return dtype_name(f.expert_dtype());
+}
 std::string fmt_g(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%g", v);
@@ -81,7 +87,7 @@ int cmd_inspect(int argc, char** argv) {
         failures.push_back(err.what());
       }
     }
-    nlohmann::json x = {{"layer", e.layer}, {"expert", e.expert}, {"dtype", dtype_name(e.dtype)},
+    nlohmann::json x = {{"layer", e.layer}, {"expert", e.expert}, {"dtype", expert_storage(*f)},
                         {"offset", e.offset}, {"size", e.size}, {"checksum", hex64(e.checksum)}};
     if (verify) x["ok"] = ok;
     je.push_back(x);
@@ -119,7 +125,7 @@ int cmd_inspect(int argc, char** argv) {
     std::printf("moe         %lld experts, top-%lld, intermediate %lld, %s experts, routing %s, expert dtype %s\n",
                 (long long)c.num_experts, (long long)c.experts_per_token, (long long)c.intermediate_size,
                 c.expert_act == "silu" ? (c.expert_bias ? "SwiGLU+bias" : "SwiGLU") : "clamped-SwiGLU+bias (gpt-oss)",
-                routing.c_str(), dtype_name(f->expert_dtype()));
+                routing.c_str(), expert_storage(*f).c_str());
     std::printf("layers      %lld MoE of %lld", (long long)c.num_moe_layers(), (long long)c.num_layers);
     if (c.num_moe_layers() < c.num_layers) std::printf(" (dense MLP %lld elsewhere)", (long long)c.dense_intermediate_size);
     if (c.shared_intermediate_size > 0)
