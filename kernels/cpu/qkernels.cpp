@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu/kernels.h"
 #include "model/error.h"
 
 namespace colibri::qkernels {
@@ -21,16 +22,10 @@ const QKernelTable& generic_table() { return generic::table(); }
 const QKernelTable& avx2_table() { return avx2::table(); }
 const QKernelTable& avx512_table() { return avx512::table(); }
 
-bool cpu_has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
+bool cpu_has_avx2() { return kernels::cpu_has_avx2(); }
 
-bool cpu_has_avx512() {
-  __builtin_cpu_init();
-  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
+// The float kernels' AVX-512 set, and VNNI for the integer dot products.
+bool cpu_has_avx512() { return kernels::cpu_has_avx512() && __builtin_cpu_supports("avx512vnni"); }
 
 namespace {
 
