@@ -293,6 +293,9 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       std::printf("sequence %zu%s: %s\n", i, sig ? " (partial)" : "", ids.c_str());
     }
     if (sig) std::printf("interrupted by %s: the sequences above are partial\n", signal_name(sig));
+    // NOTE: stdout to a file is fully buffered; flush now, so a SIGKILL while
+    // stopping the workers (mpirun's, 1 s after its SIGTERM) cannot lose the tokens.
+    std::fflush(stdout);
     std::printf("prefill: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)st.prefill_tokens, st.prefill_seconds,
                 st.prefill_seconds > 0 ? st.prefill_tokens / st.prefill_seconds : 0.0);
     std::printf("decode: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)st.decode_tokens, st.decode_seconds,
