@@ -247,10 +247,11 @@ void Engine::attention_gqa(int layer, int64_t n, const int32_t* seqs, const int3
     float* q = q_.data() + i * Q;
     float* k = k_.data() + i * KV;
     float* v = v_.data() + i * KV;
-    if (c.qk_norm == "head") {
+    // The norm's width tells per-head ([head_dim]) from full width (OLMoE).
+    if (w.q_norm.size() == static_cast<size_t>(hd)) {
       for (int64_t h = 0; h < nh; ++h) kt.rmsnorm(q + h * hd, w.q_norm.data(), q + h * hd, hd, eps);
       for (int64_t h = 0; h < nkv; ++h) kt.rmsnorm(k + h * hd, w.k_norm.data(), k + h * hd, hd, eps);
-    } else if (c.qk_norm == "full") {
+    } else if (!w.q_norm.empty()) {
       kt.rmsnorm(q, w.q_norm.data(), q, Q, eps);
       kt.rmsnorm(k, w.k_norm.data(), k, KV, eps);
     }

@@ -32,13 +32,12 @@ void route(const RoutingConfig& cfg, const float* logits, int64_t rows, int64_t 
     throw Error(Status::InvalidArgument, "route: bad sizes");
   // NOTE: thread-local scratch: no allocation per call after the first.
   thread_local std::vector<float> p, choice, gscore;
-  thread_local std::vector<uint8_t> allowed, taken;
+  thread_local std::vector<uint8_t> allowed, taken, gkeep;
   p.resize(static_cast<size_t>(E));
   choice.resize(static_cast<size_t>(E));
   allowed.resize(static_cast<size_t>(E));
   taken.resize(static_cast<size_t>(E));
   gscore.resize(static_cast<size_t>(G));
-  std::vector<uint8_t> gkeep;
   for (int64_t r = 0; r < rows; ++r) {
     const float* l = logits + r * E;
     switch (sc) {

@@ -27,6 +27,7 @@
 #include "model/safetensors.h"
 #include "model/synth.h"
 #include "colibri.h"
+#include "tests/file_edit.h"
 #include "tests/cli_runner.h"
 #include "tests/test_util.h"
 
@@ -34,6 +35,10 @@ namespace colibri {
 namespace {
 
 namespace fs = std::filesystem;
+using test::edit_config;
+using test::header_of;
+using test::reseal;
+using test::set_header;
 using test::TempDir;
 
 std::string read_bytes(const std::string& path) {
@@ -536,12 +541,6 @@ TEST_F(ColibriFileTest, FailedConversionLeavesNothing) {
 // ---------------------------------------------------------------------------
 // Corruption (table-driven)
 
-FileHeader header_of(const std::string& b) {
-  FileHeader h;
-  std::memcpy(&h, b.data(), sizeof h);
-  return h;
-}
-void set_header(std::string& b, const FileHeader& h) { std::memcpy(b.data(), &h, sizeof h); }
 
 size_t tensor_pos(const std::string& b, const std::string& name) {
   const FileHeader h = header_of(b);
@@ -568,22 +567,7 @@ ExpertRecord expert_rec(const std::string& b, size_t i) {
 }
 void set_expert_rec(std::string& b, size_t i, const ExpertRecord& r) { std::memcpy(b.data() + expert_pos(b, i), &r, sizeof r); }
 
-// Recomputes meta_checksum so a structural check, not the checksum, fails.
-void reseal(std::string& b) {
-  FileHeader h = header_of(b);
-  h.meta_checksum = checksum64(b.data() + h.config_offset, h.data_offset - h.config_offset);
-  set_header(b, h);
-}
 
-// Replaces `from` with `to` (same length) inside the embedded config.
-void edit_config(std::string& b, const std::string& from, const std::string& to) {
-  ASSERT_EQ(from.size(), to.size());
-  const FileHeader h = header_of(b);
-  const size_t p = b.find(from, h.config_offset);
-  ASSERT_NE(p, std::string::npos) << from;
-  ASSERT_LT(p, h.config_offset + h.config_size) << from;
-  b.replace(p, from.size(), to);
-}
 
 struct Corruption {
   const char* name;

@@ -20,6 +20,7 @@
 #include "model/dtype.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
+#include "tests/file_edit.h"
 #include "tests/cli_runner.h"
 #include "tests/fixture.h"
 #include "tests/test_util.h"
@@ -777,24 +778,9 @@ void write_all(const std::string& p, const std::string& b) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out << b;
 }
-FileHeader header_of(const std::string& b) {
-  FileHeader h;
-  std::memcpy(&h, b.data(), sizeof h);
-  return h;
-}
-void reseal(std::string& b) {
-  FileHeader h = header_of(b);
-  h.meta_checksum = checksum64(b.data() + h.config_offset, h.data_offset - h.config_offset);
-  std::memcpy(b.data(), &h, sizeof h);
-}
-void edit_config(std::string& b, const std::string& from, const std::string& to) {
-  ASSERT_EQ(from.size(), to.size());
-  const FileHeader h = header_of(b);
-  const size_t p = b.find(from, h.config_offset);
-  ASSERT_NE(p, std::string::npos) << from;
-  ASSERT_LT(p, h.config_offset + h.config_size) << from;
-  b.replace(p, from.size(), to);
-}
+using test::edit_config;
+using test::header_of;
+using test::reseal;
 void edit_expert(std::string& b, size_t i, const std::function<void(ExpertRecord&)>& f) {
   const size_t pos = header_of(b).expert_index_offset + i * sizeof(ExpertRecord);
   ExpertRecord r;
