@@ -11,18 +11,10 @@
 # missing file 12, an unparsable number 2. Stops at the first failure.
 set -euo pipefail
 
-if [ $# -ne 1 ]; then
-  echo "usage: $0 <path-to-colibri>" >&2
-  exit 2
-fi
-BIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-[ -x "$BIN" ] || { echo "FAIL: $1 is not an executable" >&2; exit 1; }
-
-T=$(mktemp -d "${TMPDIR:-/tmp}/colibri-bench.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-
 # shellcheck source=tests/cli_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
+cli_setup bench "$@"
+
 
 # JSON checks need python3 or jq; without either, the JSON checks fall back to
 # grep (keys present) and awk (positive numbers).

@@ -1,5 +1,20 @@
 # cli_lib.sh: helpers shared by the command-line tests (sourced, not run).
-# The sourcing script sets T (a temporary directory) first.
+# The sourcing script sets T (a temporary directory) first, or calls cli_setup.
+
+# cli_setup NAME ARGS...: for a test run as `script.sh <path-to-colibri>`: checks
+# the argument, sets BIN (absolute path) and T (a temporary directory removed at exit).
+cli_setup() {
+  local name=$1
+  shift
+  if [ $# -ne 1 ]; then
+    echo "usage: $0 <path-to-colibri>" >&2
+    exit 2
+  fi
+  BIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+  [ -x "$BIN" ] || { echo "FAIL: $1 is not an executable" >&2; exit 1; }
+  T=$(mktemp -d "${TMPDIR:-/tmp}/colibri-$name.XXXXXX")
+  trap 'rm -rf "$T"' EXIT
+}
 CHECKS=0
 step() { echo "== $*"; }
 pass() { CHECKS=$((CHECKS + 1)); echo "   ok: $*"; }

@@ -12,20 +12,12 @@
 # synth (demos and benchmarks depend on it). Stops at the first failure.
 set -euo pipefail
 
-if [ $# -ne 1 ]; then
-  echo "usage: $0 <path-to-colibri>" >&2
-  exit 2
-fi
-BIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-[ -x "$BIN" ] || { echo "FAIL: $1 is not an executable" >&2; exit 1; }
-
-T=$(mktemp -d "${TMPDIR:-/tmp}/colibri-synth.XXXXXX")
-trap 'rm -rf "$T"' EXIT
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
+cli_setup synth "$@"
 
 FAMILIES="mixtral qwen2_moe qwen3_moe olmoe deepseek_v2 deepseek_v3 glm4_moe gpt_oss"
 
-# shellcheck source=tests/cli_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
 
 # same_files A B: every file of directory A exists in B with the same bytes, and B has no others.
 same_files() {
