@@ -258,6 +258,43 @@ TEST(Kernels, GemmRowsAreBatchAndSplitInvariant) {
   }
 }
 
+// Rows longer than the kernels' K block (1024 floats), whose lane
+// accumulators are kept between blocks: still within the reference tolerance
+// and bitwise each row alone, for every table and dtype, with and without tails.
+TEST(Kernels, GemmLongRowsAreBatchInvariant) {
+  uint64_t seed = test::test_seed();
+  COLIBRI_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> out_d(1, 40), rows_d(2, 9);
+  for (const KernelTable* kt : tables()) {
+    SCOPED_TRACE(kt->name);
+    for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+      SCOPED_TRACE(dtype_name(t));
+      for (int in : {1025, 2048, 2048 + 16 + 5, 3584}) {
+        const int out = out_d(rng), rows = rows_d(rng);
+        auto x = test::random_floats(rng, static_cast<size_t>(rows * in));
+        std::vector<float> wseen;
+        auto w = store(test::random_floats(rng, static_cast<size_t>(out * in)), t, &wseen);
+        std::vector<float> batch(static_cast<size_t>(rows * out), NAN), alone(batch.size(), NAN);
+        kt->gemm(x.data(), in, rows, w.data(), t, in, 0, out, batch.data(), out);
+        for (int r = 0; r < rows; ++r) {
+          kt->gemm(x.data() + r * in, in, 1, w.data(), t, in, 0, out, alone.data() + r * out, out);
+          for (int o = 0; o < out; ++o) {
+            double ref = 0, mag = 0;
+            for (int i = 0; i < in; ++i) {
+              ref += static_cast<double>(x[r * in + i]) * wseen[o * in + i];
+              mag += std::fabs(static_cast<double>(x[r * in + i]) * wseen[o * in + i]);
+            }
+            ASSERT_NEAR(batch[r * out + o], ref, (in + 2) * 0x1p-23 * mag + 1e-30) << "in " << in << " at " << r << "," << o;
+          }
+        }
+        ASSERT_EQ(std::memcmp(batch.data(), alone.data(), batch.size() * sizeof(float)), 0)
+            << "rows " << rows << " in " << in << " out " << out;
+      }
+    }
+  }
+}
+
 // Several products in one parallel region give each product's own bits.
 TEST(Kernels, GemmManyEqualsSeparateProducts) {
   uint64_t seed = test::test_seed();

@@ -127,19 +127,31 @@ inline vf wvec(const W* w, int64_t i, DType t) {
   else return vload(w + i, t);
 }
 
-// An R x O tile of dot products: out[r * O + o] = x_r . w_o over n elements.
-// NOTE: every element is computed by the same instruction sequence whatever R
-// and O are (two L-lane accumulators over 2L-element steps, one L-step, a
-// fixed horizontal sum, then a scalar FMA tail), which is what makes a batch
-// bitwise equal to each of its rows alone, and the tiling free to change.
+// An R x O tile of dot products over one K block: xs[r] and ws[o] point at
+// the block's first element; it takes `len` of the `n` elements left from
+// there. The last block (len == n) writes out[r * O + o] = x_r . w_o; an
+// earlier one (len a multiple of 2L) leaves its lane accumulators in `part`,
+// where the next block, `resume`d, starts from them instead of zero.
+// NOTE: every element is computed by the same instruction sequence whatever R,
+// O and the K blocks are (two L-lane accumulators over 2L-element steps, one
+// L-step, a fixed horizontal sum, then a scalar FMA tail), which is what makes
+// a batch bitwise equal to each of its rows alone, and the tiling free to change.
 template <int R, int O, typename W>
-inline void tile(const float* const* xs, const W* const* ws, DType t, int64_t n, float* out) {
+inline void tile_k(const float* const* xs, const W* const* ws, DType t, bool resume, int64_t len, int64_t n,
+                   float* part, float* out) {
   constexpr int64_t L = kLanes;
   vf a0[R][O], a1[R][O];
   for (int r = 0; r < R; ++r)
-    for (int o = 0; o < O; ++o) a0[r][o] = a1[r][o] = vzero();
+    for (int o = 0; o < O; ++o) {
+      if (resume) {
+        a0[r][o] = vload(part + ((r * O + o) * 2) * L);
+        a1[r][o] = vload(part + ((r * O + o) * 2 + 1) * L);
+      } else {
+        a0[r][o] = a1[r][o] = vzero();
+      }
+    }
   int64_t i = 0;
-  for (; i + 2 * L <= n; i += 2 * L) {
+  for (; i + 2 * L <= len; i += 2 * L) {
     // The two halves one after the other: O weight vectors and one x vector
     // live at a time beside the accumulators (no register spills).
     for (int h = 0; h < 2; ++h) {
@@ -157,6 +169,14 @@ inline void tile(const float* const* xs, const W* const* ws, DType t, int64_t n,
       }
     }
   }
+  if (len < n) {
+    for (int r = 0; r < R; ++r)
+      for (int o = 0; o < O; ++o) {
+        vstore(part + ((r * O + o) * 2) * L, a0[r][o]);
+        vstore(part + ((r * O + o) * 2 + 1) * L, a1[r][o]);
+      }
+    return;
+  }
   if (i + L <= n) {
     for (int o = 0; o < O; ++o) {
       const vf w0 = wvec(ws[o], i, t);
@@ -172,15 +192,23 @@ inline void tile(const float* const* xs, const W* const* ws, DType t, int64_t n,
     }
 }
 #else
-// Scalar reference: 16 lanes, sequential lane sums, then the tail.
+// Scalar reference: 16 lanes, sequential lane sums, then the tail; K blocks as
+// above (the lanes kept in `part`; len a multiple of 16 when len < n).
 template <int R, int O, typename W>
-inline void tile(const float* const* xs, const W* const* ws, DType t, int64_t n, float* out) {
+inline void tile_k(const float* const* xs, const W* const* ws, DType t, bool resume, int64_t len, int64_t n,
+                   float* part, float* out) {
   for (int r = 0; r < R; ++r)
     for (int o = 0; o < O; ++o) {
+      float* p = part ? part + (r * O + o) * 16 : nullptr;
       float lane[16] = {0};
+      if (resume) std::copy(p, p + 16, lane);
       int64_t i = 0;
-      for (; i + 16 <= n; i += 16)
+      for (; i + 16 <= len; i += 16)
         for (int k = 0; k < 16; ++k) lane[k] += xs[r][i + k] * wload(ws[o], i + k, t);
+      if (len < n) {
+        std::copy(lane, lane + 16, p);
+        continue;
+      }
       float s = 0.f;
       for (int k = 0; k < 16; ++k) s += lane[k];
       for (; i < n; ++i) s += xs[r][i] * wload(ws[o], i, t);
@@ -189,84 +217,135 @@ inline void tile(const float* const* xs, const W* const* ws, DType t, int64_t n,
 }
 #endif
 
+template <int R, int O, typename W>
+inline void tile(const float* const* xs, const W* const* ws, DType t, int64_t n, float* out) {
+  tile_k<R, O>(xs, ws, t, false, n, n, nullptr, out);
+}
+
 // Tile shapes: rows x outputs per micro-kernel call, sized to the registers
 // (AVX2: 16 ymm, 3 x 2 tile = 12 accumulators; AVX-512: 32 zmm, 4 x 3 = 24).
 #if COLIBRI_SIMD == 16
 constexpr int kTileR = 4, kTileO = 3;
-constexpr int kLongR = 2, kLongO = 6;  // long rows: x tile 2 rows (L1), 6 weight rows
 #else
 constexpr int kTileR = 3, kTileO = 2;
-constexpr int kLongR = 2, kLongO = 3;
 #endif
-// Rows longer than this (in floats) use the long tile, so the x rows of a tile
-// stay in L1 (48 KiB here) while the weights stream from L2.
-constexpr int64_t kLongIn = INT64_MAX;  // measured slower than the 4x3 tile here: off
+// K blocks (in floats; a multiple of 2 x 16 lanes) of rows longer than this:
+// a tile's x rows (4 x 1024 floats = 16 KiB) then stay in L1 (48 KiB here)
+// beside the weights streaming from L2 and the lane accumulators kept between
+// blocks; a 4 x 3584 tile (56 KiB) did not, and ran 20 % slower.
+constexpr int64_t kKBlock = 1024;
+static_assert(kKBlock % 32 == 0, "a K block ends on a double step of every table");
 // Decode (one row): one weight row at a time. NOTE: rows are contiguous, so
 // this reads the matrix as one sequential stream; reading 2 or 4 rows at once
 // (several streams 2*in bytes apart) measured 20-60 % slower here.
 constexpr int kRowO = 1;
 
+// Rows xs[0..R) (pointing at input i0) of outputs [o_begin, o_end) over the
+// K block [i0, i1) of the `in` inputs (tile_k); `part` holds the lane
+// accumulators of output o at part + (o - o_begin) * R * 2 * 16 between
+// blocks; the last block writes y (row r at y + r * ldy).
 template <int R, typename W, int O = (R == 1 ? kRowO : kTileO)>
-void rows_tile(const float* x, int64_t ldx, int64_t r0, const W* w, DType t, int64_t in, int64_t o_begin, int64_t o_end,
-               float* y, int64_t ldy) {
-  const float* xs[R];
-  for (int r = 0; r < R; ++r) xs[r] = x + (r0 + r) * ldx;
+void rows_tile(const float* const* xs, const W* w, DType t, int64_t in, int64_t o_begin, int64_t o_end, float* y,
+               int64_t ldy, int64_t i0 = 0, int64_t i1 = -1, float* part = nullptr) {
+  if (i1 < 0) i1 = in;
   float out[R * O];
   int64_t o = o_begin;
   for (; o + O <= o_end; o += O) {
     const W* ws[O];
-    for (int k = 0; k < O; ++k) ws[k] = w + (o + k) * in;
-    tile<R, O>(xs, ws, t, in, out);
-    for (int r = 0; r < R; ++r)
-      for (int k = 0; k < O; ++k) y[(r0 + r) * ldy + o + k] = out[r * O + k];
+    for (int k = 0; k < O; ++k) ws[k] = w + (o + k) * in + i0;
+    tile_k<R, O>(xs, ws, t, i0 > 0, i1 - i0, in - i0, part ? part + (o - o_begin) * R * 2 * 16 : nullptr, out);
+    if (i1 == in)
+      for (int r = 0; r < R; ++r)
+        for (int k = 0; k < O; ++k) y[r * ldy + o + k] = out[r * O + k];
   }
   for (; o < o_end; ++o) {
-    const W* ws[1] = {w + o * in};
-    tile<R, 1>(xs, ws, t, in, out);
-    for (int r = 0; r < R; ++r) y[(r0 + r) * ldy + o] = out[r];
+    const W* ws[1] = {w + o * in + i0};
+    tile_k<R, 1>(xs, ws, t, i0 > 0, i1 - i0, in - i0, part ? part + (o - o_begin) * R * 2 * 16 : nullptr, out);
+    if (i1 == in)
+      for (int r = 0; r < R; ++r) y[r * ldy + o] = out[r];
+  }
+}
+
+// Rows r0.. r0 + R of a block of f32 weights (outputs [0, n)), in K blocks
+// of at most kKBlock inputs. Each block's x rows are first copied to `xb`
+// (R x kKBlock floats, 64-byte aligned): the tiles then load x from one
+// aligned, L1-resident buffer whatever the caller's alignment (misaligned x
+// measured ~10 % slower).
+template <int R, int O = kTileO>
+void rows_tile_kb(const float* x, int64_t ldx, int64_t r0, const float* wb, int64_t in, int64_t n, float* y,
+                  int64_t ldy, float* part, float* xb) {
+  for (int64_t i0 = 0; i0 < in; i0 += kKBlock) {
+    const int64_t i1 = in - i0 > kKBlock ? i0 + kKBlock : in;
+    const float* xs[R];
+    for (int r = 0; r < R; ++r) {
+      const float* src = x + (r0 + r) * ldx + i0;
+      std::copy(src, src + (i1 - i0), xb + r * kKBlock);
+      xs[r] = xb + r * kKBlock;
+    }
+    rows_tile<R, float, O>(xs, wb, DType::F32, in, 0, n, y + r0 * ldy, ldy, i0, i1, part);
   }
 }
 
 template <typename W>
 void gemm_t(const float* x, int64_t ldx, int64_t rows, const W* w, DType t, int64_t in, int64_t o_begin, int64_t o_end,
             float* y, int64_t ldy) {
-  int64_t r_done = 0;
-  if (rows >= kTileR) {
-    // Blocks of outputs whose weights, as f32, stay in L2 (512 KiB) while
-    // every row tile passes over them; rows in register tiles inside. 16-bit
-    // weights are widened once per block (exactly: bf16/f16 -> f32 is exact),
-    // not once per row tile.
-    const int64_t ob = std::max<int64_t>(kTileO, (512 * 1024) / std::max<int64_t>(in * 4, 1) / kTileO * kTileO);
-    thread_local std::vector<float> wf;
-    const int64_t full = rows / kTileR * kTileR;
-    for (int64_t o0 = o_begin; o0 < o_end; o0 += ob) {
-      const int64_t o1 = std::min(o_end, o0 + ob);
-      const float* wb;
-      if constexpr (sizeof(W) == 4) {
-        wb = w + o0 * in;
-      } else {
-        wf.resize(static_cast<size_t>((o1 - o0) * in));
-        for (int64_t o = o0; o < o1; ++o)
-          for (int64_t i = 0; i < in; ++i) wf[static_cast<size_t>((o - o0) * in + i)] = wload(w, o * in + i, t);
-        wb = wf.data();
-      }
-      // NOTE: the block's weights are addressed from output o0, so the tile
-      // sees rows [0, o1 - o0) and writes y columns o0.. through the offset.
-      if (in > kLongIn) {
-        for (int64_t r = 0; r + kLongR <= rows; r += kLongR)
-          rows_tile<kLongR, float, kLongO>(x, ldx, r, wb, DType::F32, in, 0, o1 - o0, y + o0, ldy);
-      } else {
-        for (int64_t r = 0; r < full; r += kTileR)
-          rows_tile<kTileR>(x, ldx, r, wb, DType::F32, in, 0, o1 - o0, y + o0, ldy);
-      }
+  if (rows < kTileR) {
+    // A small batch (decode): the weights read in place.
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+      const float* xs[2] = {x + r * ldx, x + (r + 1) * ldx};
+      rows_tile<2>(xs, w, t, in, o_begin, o_end, y + r * ldy, ldy);
     }
-    r_done = in > kLongIn ? rows / kLongR * kLongR : full;
+    for (; r < rows; ++r) {
+      const float* xs[1] = {x + r * ldx};
+      rows_tile<1>(xs, w, t, in, o_begin, o_end, y + r * ldy, ldy);
+    }
+    return;
   }
-  // The remaining rows (and every row of a small batch: decode) read the
-  // weights in place.
-  int64_t r = r_done;
-  for (; r + 2 <= rows; r += 2) rows_tile<2>(x, ldx, r, w, t, in, o_begin, o_end, y, ldy);
-  for (; r < rows; ++r) rows_tile<1>(x, ldx, r, w, t, in, o_begin, o_end, y, ldy);
+  // Blocks of outputs whose weights, as f32, stay in L2 (512 KiB) while
+  // every row tile passes over them; rows in register tiles inside. 16-bit
+  // weights are widened once per block (exactly: bf16/f16 -> f32 is exact),
+  // not once per row tile.
+  const int64_t ob = std::max<int64_t>(kTileO, (512 * 1024) / std::max<int64_t>(in * 4, 1) / kTileO * kTileO);
+  // NOTE: both scratch buffers start on a cache line: a vector load that
+  // straddles two lines costs two, and a large vector's data starts 16 bytes
+  // past a page (measured up to 20 % slower).
+  thread_local std::vector<float> wfv, partv, xbv;
+  auto aligned = [](std::vector<float>& v, int64_t n) {
+    v.resize(static_cast<size_t>(n + 16));
+    return v.data() + (16 - (reinterpret_cast<uintptr_t>(v.data()) / sizeof(float)) % 16) % 16;
+  };
+  // The lane accumulators of one row tile over a block's outputs, between K
+  // blocks.
+  float* part = in > kKBlock ? aligned(partv, ob * kTileR * 2 * 16) : nullptr;
+  float* xb = aligned(xbv, kTileR * kKBlock);
+  float* wf = sizeof(W) == 4 ? nullptr : aligned(wfv, ob * in);
+  for (int64_t o0 = o_begin; o0 < o_end; o0 += ob) {
+    const int64_t o1 = std::min(o_end, o0 + ob), n = o1 - o0;
+    const float* wb;
+    if constexpr (sizeof(W) == 4) {
+      wb = w + o0 * in;
+    } else {
+      const W* src = w + o0 * in;
+      int64_t i = 0;
+#if COLIBRI_SIMD
+      for (; i + kLanes <= n * in; i += kLanes) vstore(wf + i, vload(src + i, t));
+#endif
+      for (; i < n * in; ++i) wf[i] = wload(src, i, t);
+      wb = wf;
+    }
+    // NOTE: the block's weights are addressed from output o0, so the tile
+    // sees rows [0, n) and writes y columns o0.. through the offset. The
+    // last rows (fewer than a tile) take a narrower tile over the same block.
+    int64_t r = 0;
+    for (; r + kTileR <= rows; r += kTileR) rows_tile_kb<kTileR>(x, ldx, r, wb, in, n, y + o0, ldy, part, xb);
+    switch (rows - r) {
+      case 3: rows_tile_kb<3>(x, ldx, r, wb, in, n, y + o0, ldy, part, xb); break;
+      case 2: rows_tile_kb<2>(x, ldx, r, wb, in, n, y + o0, ldy, part, xb); break;
+      case 1: rows_tile_kb<1>(x, ldx, r, wb, in, n, y + o0, ldy, part, xb); break;
+      default: break;
+    }
+  }
 }
 
 void gemm(const float* x, int64_t ldx, int64_t rows, const void* w, DType wt, int64_t in, int64_t o_begin,
