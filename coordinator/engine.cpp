@@ -12,6 +12,7 @@
 #include "coordinator/router.h"
 #include "coordinator/routing_trace.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/qkernels.h"
 #include "model/error.h"
 #include "worker/expert_ffn.h"
 
@@ -54,14 +55,84 @@ void add_bias(float* y, int64_t rows, int64_t width, const std::vector<float>& b
 
 FfnWeights ffn_weights(const ColibriFile& f, int l, const char* gate, const char* up, const char* down) {
   FfnWeights w;
-  const TensorView& g = f.tensor(tname::layer(l, gate));
+  const TensorView &g = f.tensor(tname::layer(l, gate)), &u = f.tensor(tname::layer(l, up)),
+                   &d = f.tensor(tname::layer(l, down));
   w.dtype = g.dtype;
   w.gate = g.data;
-  w.up = f.tensor(tname::layer(l, up)).data;
-  w.down = f.tensor(tname::layer(l, down)).data;
-  if (f.tensor(tname::layer(l, up)).dtype != g.dtype || f.tensor(tname::layer(l, down)).dtype != g.dtype)
-    throw Error(Status::Format, f.path() + ": the FFN matrices of layer " + std::to_string(l) + " differ in dtype");
+  w.up = u.data;
+  w.down = d.data;
+  w.quant = g.quant;
+  w.quant_group = g.quant_group;
+  w.gate_scales = g.scales;
+  w.up_scales = u.scales;
+  w.down_scales = d.scales;
+  for (const TensorView* t : {&u, &d})
+    if (t->dtype != g.dtype || t->quant != g.quant || t->quant_group != g.quant_group)
+      throw Error(Status::Format, f.path() + ": the FFN matrices of layer " + std::to_string(l) + " differ in storage");
   return w;
+}
+
+// y[r * ldy + o] = x[r] . W[o] for a dense matrix of `in` inputs and `out`
+// outputs, stored in a DType or quantised (ModelConfig::dense_quant).
+void linear(const float* x, int64_t ldx, int64_t rows, const TensorView& w, int64_t in, int64_t out, float* y,
+            int64_t ldy) {
+  if (w.quant != QuantType::None) {
+    const qkernels::QMatrix m{w.quant, w.quant_group, in, w.data, w.scales};
+    qkernels::gemm(x, ldx, rows, m, out, y, ldy);
+  } else {
+    kernels::gemm(x, ldx, rows, w.data, w.dtype, in, out, y, ldy);
+  }
+}
+
+// Several products of the same rows (attention's q, k, v) in one parallel
+// region: kernels::gemm_many, or for quantised matrices one quantisation of x
+// shared by all and every job's blocks of 16 outputs in one loop. Each result
+// is bitwise what linear() gives for it alone (a quantised product's outputs
+// do not depend on how they are split).
+struct LinearJob {
+  const TensorView* w;
+  int64_t out;
+  float* y;
+};
+void linear_many(const float* x, int64_t ldx, int64_t rows, int64_t in, std::initializer_list<LinearJob> jobs) {
+  const TensorView& w0 = *jobs.begin()->w;
+  if (std::all_of(jobs.begin(), jobs.end(), [](const LinearJob& j) { return j.w->quant == QuantType::None; })) {
+    kernels::GemmJob g[4];
+    int n = 0;
+    for (const auto& j : jobs) g[n++] = {x, ldx, rows, j.w->data, j.w->dtype, in, j.out, j.y, j.out};
+    kernels::gemm_many(g, n);
+    return;
+  }
+  if (!std::all_of(jobs.begin(), jobs.end(), [&](const LinearJob& j) {
+        return j.w->quant == w0.quant && j.w->quant_group == w0.quant_group;
+      })) {
+    for (const auto& j : jobs) linear(x, ldx, rows, *j.w, in, j.out, j.y, j.out);
+    return;
+  }
+  thread_local qkernels::QActBuffer buf;
+  const qkernels::QActs& a = qkernels::quantize(x, ldx, rows, in, w0.quant, w0.quant_group, buf);
+  const qkernels::QKernelTable& k = qkernels::active();
+  struct Block {
+    qkernels::QMatrix m;
+    int64_t begin, end;
+    float* y;
+    int64_t ldy;
+  };
+  thread_local std::vector<Block> blocks;
+  blocks.clear();
+  for (const auto& j : jobs) {
+    const qkernels::QMatrix m{j.w->quant, j.w->quant_group, in, j.w->data, j.w->scales};
+    for (int64_t o = 0; o < j.out; o += 16) blocks.push_back({m, o, std::min(j.out, o + 16), j.y, j.out});
+  }
+  // NOTE: the team reads this thread's list through a pointer (inside the
+  // region the name `blocks` would mean each thread's own thread_local).
+  const Block* list = blocks.data();
+  const int64_t nb = static_cast<int64_t>(blocks.size());
+#pragma omp parallel for schedule(static) if (omp_get_max_threads() > 1 && !omp_in_parallel())
+  for (int64_t b = 0; b < nb; ++b) {
+    const Block& bl = list[b];
+    k.gemm(a, bl.m, bl.begin, bl.end, bl.y, bl.ldy);
+  }
 }
 
 }  // namespace
@@ -236,10 +307,7 @@ void Engine::attention_gqa(int layer, int64_t n, const int32_t* seqs, const int3
   const int64_t Q = nh * hd, KV = nkv * hd, group = nh / nkv, half = c.rope_dim / 2;
   const auto& kt = kernels::active();
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const kernels::GemmJob qkv[3] = {{xn_.data(), H, n, w.wq->data, w.wq->dtype, H, Q, q_.data(), Q},
-                                   {xn_.data(), H, n, w.wk->data, w.wk->dtype, H, KV, k_.data(), KV},
-                                   {xn_.data(), H, n, w.wv->data, w.wv->dtype, H, KV, v_.data(), KV}};
-  kernels::gemm_many(qkv, 3);
+  linear_many(xn_.data(), H, n, H, {{w.wq, Q, q_.data()}, {w.wk, KV, k_.data()}, {w.wv, KV, v_.data()}});
   add_bias(q_.data(), n, Q, w.bq);
   add_bias(k_.data(), n, KV, w.bk);
   add_bias(v_.data(), n, KV, w.bv);
@@ -282,7 +350,7 @@ void Engine::attention_gqa(int layer, int64_t n, const int32_t* seqs, const int3
     kt.attend(q_.data() + i * Q + h * hd, hd, kv_->k(layer, s, start) + kvh * hd, kv_->v(layer, s, start) + kvh * hd, KV,
               p - start + 1, scale, sinks ? sinks + h : nullptr, sc, att_.data() + i * Q + h * hd);
   }
-  kernels::gemm(att_.data(), Q, n, w.wo->data, w.wo->dtype, Q, H, tmp_.data(), H);
+  linear(att_.data(), Q, n, *w.wo, Q, H, tmp_.data(), H);
   add_bias(tmp_.data(), n, H, w.bo);
 }
 
@@ -299,16 +367,13 @@ void Engine::attention_mla(int layer, int64_t n, const int32_t* seqs, const int3
   // Queries: q = W_q x, or W_qb rmsnorm(W_qa x).
   // The compressed KV: [latent (R) | shared rotary key (rd)]; the cache keeps
   // the normalised latent and the rotated key, never per-head K and V.
-  const kernels::GemmJob kv_job = {xn_.data(), H, n, w.wkv_a->data, w.wkv_a->dtype, H, KW, k_.data(), KW};
   if (w.wq_a) {
     const int64_t QR = c.q_lora_rank;
-    const kernels::GemmJob jobs[2] = {{xn_.data(), H, n, w.wq_a->data, w.wq_a->dtype, H, QR, qa_.data(), QR}, kv_job};
-    kernels::gemm_many(jobs, 2);
+    linear_many(xn_.data(), H, n, H, {{w.wq_a, QR, qa_.data()}, {w.wkv_a, KW, k_.data()}});
     for (int64_t i = 0; i < n; ++i) kt.rmsnorm(qa_.data() + i * QR, w.q_a_norm.data(), qa_.data() + i * QR, QR, eps);
-    kernels::gemm(qa_.data(), QR, n, w.wq_b->data, w.wq_b->dtype, QR, Q, q_.data(), Q);
+    linear(qa_.data(), QR, n, *w.wq_b, QR, Q, q_.data(), Q);
   } else {
-    const kernels::GemmJob jobs[2] = {{xn_.data(), H, n, w.wq->data, w.wq->dtype, H, Q, q_.data(), Q}, kv_job};
-    kernels::gemm_many(jobs, 2);
+    linear_many(xn_.data(), H, n, H, {{w.wq, Q, q_.data()}, {w.wkv_a, KW, k_.data()}});
   }
   for (int64_t i = 0; i < n; ++i) {
     float* kv = k_.data() + i * KW;
@@ -354,7 +419,7 @@ void Engine::attention_mla(int layer, int64_t n, const int32_t* seqs, const int3
   const size_t vb_head = static_cast<size_t>(vd * R) * dtype_size(w.wv_b->dtype);
   for (int64_t h = 0; h < nh; ++h)
     kernels::gemm(lat_o_.data() + h * R, LQ, n, w.wv_b->data + h * vb_head, w.wv_b->dtype, R, vd, att_.data() + h * vd, ATT);
-  kernels::gemm(att_.data(), ATT, n, w.wo->data, w.wo->dtype, ATT, H, tmp_.data(), H);
+  linear(att_.data(), ATT, n, *w.wo, ATT, H, tmp_.data(), H);
   add_bias(tmp_.data(), n, H, w.bo);
 }
 
@@ -425,7 +490,7 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, cons
   int64_t m = 0;
   for (int64_t i = 0; i < n; ++i)
     if (want_logits[i]) kt.rmsnorm(x_.data() + i * H, final_norm_.data(), gathered_.data() + (m++) * H, H, eps);
-  if (m > 0) kernels::gemm(gathered_.data(), H, m, lm_head_->data, lm_head_->dtype, H, c.vocab_size, logits_.data(), c.vocab_size);
+  if (m > 0) linear(gathered_.data(), H, m, *lm_head_, H, c.vocab_size, logits_.data(), c.vocab_size);
 }
 
 void Engine::validate(const std::vector<Request>& reqs) const {

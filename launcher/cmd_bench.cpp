@@ -466,8 +466,13 @@ int bench_model(const cxxopts::ParseResult& r) {
                 msps = col(&RepResult::ms_per_step), gbps = col(&RepResult::weight_gbps),
                 tgbps = col(&RepResult::total_gbps);
 
-  const std::string dtype = dtype_name(embd.dtype);
-  const std::string edtype = file->experts().empty() ? "-" : dtype_name(file->expert_dtype());
+  // Storage as the file says: the embedding table's dtype, and quantisation where used.
+  std::string dtype = dtype_name(embd.dtype);
+  if (c.dense_quant.type != "none")
+    dtype += " (dense matrices " + c.dense_quant.type + " g" + std::to_string(c.dense_quant.group_size) + ")";
+  const std::string edtype = file->experts().empty()                ? "-"
+                             : c.expert_quant.type != "none" ? c.expert_quant.type + " g" + std::to_string(c.expert_quant.group_size)
+                                                             : dtype_name(file->expert_dtype());
   if (as_json) {
     json reps_j = json::array();
     for (const auto& rr : res)

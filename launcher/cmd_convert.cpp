@@ -1,5 +1,5 @@
 // cmd_convert.cpp: colibri convert HF_DIR OUT.colibri [--dtype f32|bf16|f16]
-//                  [--quantize-experts int8|int4 [--group-size 16|32|64|128]]
+//                  [--quantize-experts int8|int4] [--quantize-dense int8|int4] [--group-size 16|32|64|128]
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -21,9 +21,11 @@ int cmd_convert(int argc, char** argv) {
       "dtype", "Storage of matrices: f32, bf16 or f16 (norms stay f32); default: the checkpoint's",
       cxxopts::value<std::string>())(
       "quantize-experts", "Store the routed experts' matrices as int8 or int4 (symmetric per group, f16 scales; "
-      "dense matrices stay in --dtype); see docs/quantization.md", cxxopts::value<std::string>())(
-      "group-size", "Inputs per quantisation group: 16, 32, 64 or 128 (must divide hidden_size and intermediate_size)",
-      cxxopts::value<std::string>()->default_value("32"));
+      "dense matrices stay in --dtype unless --quantize-dense); see docs/quantization.md", cxxopts::value<std::string>())(
+      "quantize-dense", "Store the dense matrices of the attention, dense and shared-expert FFNs and the LM head as "
+      "int8 or int4 the same way (embedding table and routers stay in --dtype)", cxxopts::value<std::string>())(
+      "group-size", "Inputs per quantisation group, for both options: 16, 32, 64 or 128 (must divide every "
+      "quantised matrix's input width)", cxxopts::value<std::string>()->default_value("32"));
   add_common_options(o);
   o.parse_positional({"input", "output"});
   o.positional_help("HF_DIR OUT.colibri");
@@ -42,6 +44,11 @@ int cmd_convert(int argc, char** argv) {
     if (!quant_type_from_name(q, &co.expert_quant) || co.expert_quant == QuantType::None)
       throw Error(Status::InvalidArgument, "unknown --quantize-experts '" + q + "' (int8, int4)");
   }
+  if (r.count("quantize-dense")) {
+    const std::string q = r["quantize-dense"].as<std::string>();
+    if (!quant_type_from_name(q, &co.dense_quant) || co.dense_quant == QuantType::None)
+      throw Error(Status::InvalidArgument, "unknown --quantize-dense '" + q + "' (int8, int4)");
+  }
   {
     const std::string g = r["group-size"].as<std::string>();
     size_t used = 0;
@@ -53,8 +60,8 @@ int cmd_convert(int argc, char** argv) {
     }
     if (used != g.size() || !quant_group_supported(v))
       throw Error(Status::InvalidArgument, "--group-size '" + g + "' is not supported (supported: 16, 32, 64, 128)");
-    if (r.count("group-size") && co.expert_quant == QuantType::None)
-      throw Error(Status::InvalidArgument, "--group-size needs --quantize-experts int8|int4");
+    if (r.count("group-size") && co.expert_quant == QuantType::None && co.dense_quant == QuantType::None)
+      throw Error(Status::InvalidArgument, "--group-size needs --quantize-experts or --quantize-dense");
     co.group_size = v;
   }
   Progress prog("convert");
@@ -79,6 +86,9 @@ int cmd_convert(int argc, char** argv) {
                                ? std::string()
                                : std::string(", experts ") + quant_type_name(res.expert_quant) + " group " +
                                      std::to_string(res.group_size);
+  if (res.dense_quant != QuantType::None)
+    experts_as += std::string(", ") + std::to_string(res.dense_quantised) + " dense matrices " +
+                  quant_type_name(res.dense_quant) + " group " + std::to_string(res.group_size);
   spdlog::info("wrote {} ({} tensors, {} experts, {:.1f} MiB, {}{}) in {:.2f} s", r["output"].as<std::string>(), res.tensors,
                res.experts, res.bytes / 1048576.0, dtype_name(res.dtype), experts_as, s);
   return 0;

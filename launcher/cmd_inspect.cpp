@@ -17,6 +17,11 @@ std::string expert_storage(const ColibriFile& f) {
   if (c.expert_quant.type != "none") return c.expert_quant.type + " g" + std::to_string(c.expert_quant.group_size);
   return dtype_name(f.expert_dtype());
 }
+// A dense tensor's storage: its dtype, or "int8 g32" etc. when quantised.
+std::string tensor_storage(const TensorView& t) {
+  if (t.quant != QuantType::None) return std::string(quant_type_name(t.quant)) + " g" + std::to_string(t.quant_group);
+  return dtype_name(t.dtype);
+}
 std::string fmt_g(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%g", v);
@@ -70,7 +75,7 @@ int cmd_inspect(int argc, char** argv) {
         failures.push_back(e.what());
       }
     }
-    nlohmann::json x = {{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
+    nlohmann::json x = {{"name", t.name}, {"dtype", tensor_storage(t)}, {"shape", t.shape},
                         {"offset", t.offset}, {"size", t.size}, {"checksum", hex64(t.checksum)}};
     if (verify) x["ok"] = ok;
     jt.push_back(x);
@@ -126,6 +131,9 @@ int cmd_inspect(int argc, char** argv) {
                 (long long)c.num_experts, (long long)c.experts_per_token, (long long)c.intermediate_size,
                 c.expert_act == "silu" ? (c.expert_bias ? "SwiGLU+bias" : "SwiGLU") : "clamped-SwiGLU+bias (gpt-oss)",
                 routing.c_str(), expert_storage(*f).c_str());
+    if (c.dense_quant.type != "none")
+      std::printf("dense       attention, dense/shared FFN and LM head matrices %s g%lld (embedding and routers as stored)\n",
+                  c.dense_quant.type.c_str(), (long long)c.dense_quant.group_size);
     std::printf("layers      %lld MoE of %lld", (long long)c.num_moe_layers(), (long long)c.num_layers);
     if (c.num_moe_layers() < c.num_layers) std::printf(" (dense MLP %lld elsewhere)", (long long)c.dense_intermediate_size);
     if (c.shared_intermediate_size > 0)
@@ -149,9 +157,9 @@ int cmd_inspect(int argc, char** argv) {
                 c.rope_scaling.type == "yarn" ? (" YaRN x" + fmt_g(c.rope_scaling.factor)).c_str() : "",
                 (long long)c.max_position_embeddings, (long long)c.sliding_window, sliding, (long long)c.num_layers,
                 c.rms_norm_eps, c.tie_word_embeddings ? "yes" : "no");
-    std::printf("\n%-32s %-5s %-16s %12s %12s %s\n", "tensor", "dtype", "shape", "offset", "bytes", "checksum");
+    std::printf("\n%-32s %-8s %-16s %12s %12s %s\n", "tensor", "dtype", "shape", "offset", "bytes", "checksum");
     for (const auto& t : f->tensors())
-      std::printf("%-32s %-5s %-16s %12llu %12llu %s\n", t.name.c_str(), dtype_name(t.dtype), shape_str(t.shape).c_str(),
+      std::printf("%-32s %-8s %-16s %12llu %12llu %s\n", t.name.c_str(), tensor_storage(t).c_str(), shape_str(t.shape).c_str(),
                   (unsigned long long)t.offset, (unsigned long long)t.size, hex64(t.checksum).c_str());
     std::printf("\nexpert index: %zu blocks of %llu bytes\n", f->experts().size(),
                 (unsigned long long)f->experts().front().size);

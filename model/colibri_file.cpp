@@ -95,11 +95,44 @@ ExpertView rebase(const ExpertView& e, const uint8_t* block) {
   return v;
 }
 
+QuantMatrixLayout quant_matrix_layout(QuantType t, int64_t rows, int64_t cols, int64_t group) {
+  QuantMatrixLayout l;
+  l.scales_offset = align_up(static_cast<uint64_t>(rows) * quant_row_bytes(t, cols), kMatrixAlign);
+  l.size = l.scales_offset + static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols / group) * 2;
+  return l;
+}
+
+QuantType dense_storage(const ModelConfig& c, const TensorSpec& s) {
+  QuantType t = QuantType::None;
+  if (s.quantizable && quant_type_from_name(c.dense_quant.type, &t)) return t;
+  return QuantType::None;
+}
+
+uint64_t ColibriWriter::DenseTensor::bytes() const {
+  if (quant != QuantType::None) return quant_matrix_layout(quant, shape.at(0), shape.at(1), group).size;
+  uint64_t n = dtype_size(dtype);
+  for (auto d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
 std::vector<TensorSpec> dense_tensor_specs(const ModelConfig& c) {
   const int64_t H = c.hidden_size, nh = c.num_heads, hd = c.head_dim;
   const int64_t q = nh * hd, kv = c.num_kv_heads * hd;
   std::vector<TensorSpec> v;
-  auto mat = [&](int l, const char* w, std::vector<int64_t> shape) { v.push_back({tname::layer(l, w), std::move(shape)}); };
+  // Under dense_quant a matrix is quantised when its inputs are whole groups;
+  // an FFN's three matrices only together (both widths), as they run as one.
+  const int64_t G = c.dense_quant.type != "none" ? c.dense_quant.group_size : 0;
+  auto whole = [&](int64_t in) { return G == 0 || in % G == 0; };
+  auto mat = [&](int l, const char* w, std::vector<int64_t> shape, bool quantizable = true) {
+    const bool q = quantizable && whole(shape[1]);
+    v.push_back({tname::layer(l, w), std::move(shape), false, q});
+  };
+  auto ffn = [&](int l, const char* g, const char* u, const char* d, int64_t I) {
+    const bool q = whole(H) && whole(I);
+    mat(l, g, {I, H}, q);
+    mat(l, u, {I, H}, q);
+    mat(l, d, {H, I}, q);
+  };
   auto f32 = [&](int l, const char* w, int64_t n) { v.push_back({tname::layer(l, w), {n}, true}); };
   v.push_back({tname::token_embd(), {c.vocab_size, H}});
   for (int l = 0; l < c.num_layers; ++l) {
@@ -117,8 +150,8 @@ std::vector<TensorSpec> dense_tensor_specs(const ModelConfig& c) {
       f32(l, "attn_kv_a_norm", R);
       // kv_b_proj split per head: K's part transposed ([R, nope] per head, to
       // absorb it into the query) and V's part ([v, R] per head).
-      mat(l, "attn_k_b", {nh * R, c.qk_nope_head_dim});
-      mat(l, "attn_v_b", {nh * c.v_head_dim, R});
+      mat(l, "attn_k_b", {nh * R, c.qk_nope_head_dim}, false);
+      mat(l, "attn_v_b", {nh * c.v_head_dim, R}, false);
       mat(l, "attn_output", {H, nh * c.v_head_dim});
     } else {
       mat(l, "attn_q", {q, H});
@@ -142,25 +175,19 @@ std::vector<TensorSpec> dense_tensor_specs(const ModelConfig& c) {
     }
     f32(l, "ffn_norm", H);
     if (c.moe_index(l) < 0) {
-      const int64_t I = c.dense_intermediate_size;
-      mat(l, "ffn_gate", {I, H});
-      mat(l, "ffn_up", {I, H});
-      mat(l, "ffn_down", {H, I});
+      ffn(l, "ffn_gate", "ffn_up", "ffn_down", c.dense_intermediate_size);
       continue;
     }
-    mat(l, "ffn_gate_inp", {c.num_experts, H});
+    mat(l, "ffn_gate_inp", {c.num_experts, H}, false);
     if (c.routing.router_bias) f32(l, "ffn_gate_inp_bias", c.num_experts);
     if (c.routing.score_bias) f32(l, "exp_probs_b", c.num_experts);
     if (c.shared_intermediate_size > 0) {
-      const int64_t I = c.shared_intermediate_size;
-      mat(l, "ffn_gate_shexp", {I, H});
-      mat(l, "ffn_up_shexp", {I, H});
-      mat(l, "ffn_down_shexp", {H, I});
+      ffn(l, "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", c.shared_intermediate_size);
       if (c.shared_expert_gate) f32(l, "ffn_gate_inp_shexp", H);
     }
   }
   v.push_back({tname::output_norm(), {H}, true});
-  if (!c.tie_word_embeddings) v.push_back({tname::output(), {c.vocab_size, H}});
+  if (!c.tie_word_embeddings) v.push_back({tname::output(), {c.vocab_size, H}, false, whole(H)});
   return v;
 }
 
@@ -274,8 +301,9 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
     t.name = r.name;
     std::string what = "tensor '" + t.name + "'";
     if (!names.insert(t.name).second) bad(path, what + " appears twice");
-    if (!dtype_valid(r.dtype)) bad(path, what + " has invalid dtype " + std::to_string(r.dtype));
-    t.dtype = static_cast<DType>(r.dtype);
+    const bool quantised = r.dtype == kExpertStorageInt8 || r.dtype == kExpertStorageInt4;
+    if (!quantised && !dtype_valid(r.dtype)) bad(path, what + " has invalid dtype " + std::to_string(r.dtype));
+    t.dtype = quantised ? DType::F32 : static_cast<DType>(r.dtype);
     if (r.ndim < 1 || r.ndim > kMaxDims) bad(path, what + " has " + std::to_string(r.ndim) + " dimensions");
     uint64_t numel = 1;
     for (uint32_t d = 0; d < r.ndim; ++d) {
@@ -285,14 +313,32 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
       numel *= static_cast<uint64_t>(r.shape[d]);
       t.shape.push_back(r.shape[d]);
     }
-    if (r.size != numel * dtype_size(t.dtype))
+    uint64_t want_size = numel * dtype_size(t.dtype);
+    QuantMatrixLayout ql;
+    if (quantised) {
+      // Which tensors must be quantised is checked against the specs below.
+      QuantType dq = QuantType::None;
+      quant_type_from_name(c.dense_quant.type, &dq);  // validated with the config
+      if (dq == QuantType::None || r.dtype != quant_storage_code(dq))
+        bad(path, what + " is stored quantised (dtype " + std::to_string(r.dtype) + ") but the config's dense_quant is " +
+                      c.dense_quant.type);
+      if (r.ndim != 2 || t.shape[1] % c.dense_quant.group_size != 0)
+        bad(path, what + " is quantised but is not a matrix whose width is a multiple of the group size " +
+                      std::to_string(c.dense_quant.group_size));
+      t.quant = dq;
+      t.quant_group = static_cast<int>(c.dense_quant.group_size);
+      ql = quant_matrix_layout(dq, t.shape[0], t.shape[1], t.quant_group);
+      want_size = ql.size;
+    }
+    if (r.size != want_size)
       bad(path, what + " size " + std::to_string(r.size) + " does not match its shape and dtype (" +
-                    std::to_string(numel * dtype_size(t.dtype)) + " bytes)");
+                    std::to_string(want_size) + " bytes)");
     check_block(r.offset, r.size, what);
     t.offset = r.offset;
     t.size = r.size;
     t.checksum = r.checksum;
     t.data = base + r.offset;
+    if (quantised) t.scales = reinterpret_cast<const uint16_t*>(t.data + ql.scales_offset);
     f->tensors_.push_back(std::move(t));
   }
 
@@ -373,7 +419,17 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
       for (auto d : spec.shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
       bad(path, "tensor '" + spec.name + "' has the wrong shape for the config (expected [" + s + "])");
     }
+    const QuantType want = dense_storage(c, spec);
+    if (t->quant != want)
+      bad(path, "tensor '" + spec.name + "' is stored " +
+                    (t->quant == QuantType::None ? std::string(dtype_name(t->dtype)) : quant_type_name(t->quant)) +
+                    " but the config's dense_quant says " + (want == QuantType::None ? "unquantised" : quant_type_name(want)));
   }
+  const auto specs = dense_tensor_specs(c);
+  for (const auto& t : f->tensors_)
+    if (t.quant != QuantType::None &&
+        std::none_of(specs.begin(), specs.end(), [&](const TensorSpec& s) { return s.name == t.name; }))
+      bad(path, "tensor '" + t.name + "' is stored quantised but the config does not use it");
   if (opts.verify_dense)
     for (const auto& t : f->tensors_) f->verify_tensor(t);
   return f;
@@ -444,13 +500,12 @@ ColibriWriter::ColibriWriter(const std::string& path, const ModelConfig& config,
     if (d.shape.empty() || d.shape.size() > kMaxDims) throw Error(Status::InvalidArgument, "bad rank for " + d.name);
     TensorRecord r{};
     std::memcpy(r.name, d.name.data(), d.name.size());
-    r.dtype = static_cast<uint32_t>(d.dtype);
+    if (d.quant != QuantType::None && (d.shape.size() != 2 || d.group <= 0 || d.shape[1] % d.group != 0))
+      throw Error(Status::InvalidArgument, "quantised tensor " + d.name + " is not a matrix of whole groups");
+    r.dtype = d.quant != QuantType::None ? quant_storage_code(d.quant) : static_cast<uint32_t>(d.dtype);
     r.ndim = static_cast<uint32_t>(d.shape.size());
-    uint64_t n = dtype_size(d.dtype);
-    for (size_t i = 0; i < d.shape.size(); ++i) {
-      r.shape[i] = d.shape[i];
-      n *= static_cast<uint64_t>(d.shape[i]);
-    }
+    for (size_t i = 0; i < d.shape.size(); ++i) r.shape[i] = d.shape[i];
+    const uint64_t n = d.bytes();
     r.offset = off;
     r.size = n;
     off = align_up(off + n, kBlockAlign);

@@ -70,12 +70,24 @@ static_assert(sizeof(ExpertRecord) == kExpertRecordSize);
 
 struct TensorView {
   std::string name;
-  DType dtype = DType::F32;
+  DType dtype = DType::F32;  // NOTE: meaningless (F32) when `quant` is not None
   std::vector<int64_t> shape;
   const uint8_t* data = nullptr;
   uint64_t offset = 0, size = 0, checksum = 0;
+  // A quantised matrix (ModelConfig::dense_quant): `data` holds its codes and
+  // `scales` its f16 scales [rows, cols / quant_group] (quant_matrix_layout).
+  QuantType quant = QuantType::None;
+  int quant_group = 0;
+  const uint16_t* scales = nullptr;
   int64_t numel() const;
 };
+
+// A quantised [rows, cols] dense matrix as stored: codes [rows][quant_row_bytes],
+// then, 64-byte aligned, f16 scales [rows][cols / group].
+struct QuantMatrixLayout {
+  uint64_t scales_offset = 0, size = 0;
+};
+QuantMatrixLayout quant_matrix_layout(QuantType t, int64_t rows, int64_t cols, int64_t group);
 
 // One expert's weights: three row-major matrices inside one contiguous block.
 struct ExpertView {
@@ -131,8 +143,17 @@ struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
   bool is_norm = false;  // norms, biases, sinks and score biases are always stored f32
+  // Stored quantised under the config's dense_quant: the matrices of the
+  // coordinator's products (attention projections, dense and shared FFNs, the
+  // LM head) whose inputs are whole groups (an FFN's three matrices only
+  // together); never the embedding table (rows are gathered), the routers
+  // (their scores decide the routing) or MLA's per-head attn_k_b / attn_v_b.
+  bool quantizable = false;
 };
 std::vector<TensorSpec> dense_tensor_specs(const ModelConfig& c);
+// How a dense tensor of this spec is stored under the config: its dense_quant
+// type for a quantizable matrix, else None (stored in a DType).
+QuantType dense_storage(const ModelConfig& c, const TensorSpec& s);
 
 class ColibriFile {
  public:
@@ -180,6 +201,10 @@ class ColibriWriter {
     std::string name;
     DType dtype;
     std::vector<int64_t> shape;
+    // Quantised (`dtype` then unused): codes and scales as quant_matrix_layout says.
+    QuantType quant = QuantType::None;
+    int64_t group = 0;
+    uint64_t bytes() const;  // stored size
   };
   ColibriWriter(const std::string& path, const ModelConfig& config, const std::vector<DenseTensor>& dense,
                 DType expert_dtype);

@@ -450,6 +450,8 @@ json ModelConfig::to_json() const {
   // NOTE: optional, and absent for unquantised files, so they stay byte for byte as before.
   if (expert_quant.type != "none")
     j["expert_quant"] = json{{"type", expert_quant.type}, {"group_size", expert_quant.group_size}};
+  if (dense_quant.type != "none")
+    j["dense_quant"] = json{{"type", dense_quant.type}, {"group_size", dense_quant.group_size}};
   return j;
 }
 
@@ -537,11 +539,12 @@ ModelConfig ModelConfig::from_json(const json& j) {
   c.swiglu_alpha = get_or<double>(j, "swiglu_alpha", 1.702, what);
   c.swiglu_limit = get_or<double>(j, "swiglu_limit", 7.0, what);
   c.expert_bias = get_or<bool>(j, "expert_bias", false, what);
-  if (j.contains("expert_quant")) {
-    if (!j["expert_quant"].is_object()) throw Error(Status::Format, "model config: 'expert_quant' is not an object");
-    const auto& q = j["expert_quant"];
-    c.expert_quant.type = get_required<std::string>(q, "type", what);
-    c.expert_quant.group_size = get_required<int64_t>(q, "group_size", what);
+  for (auto [key, spec] : {std::pair{"expert_quant", &c.expert_quant}, std::pair{"dense_quant", &c.dense_quant}}) {
+    if (!j.contains(key)) continue;
+    if (!j[key].is_object()) throw Error(Status::Format, std::string("model config: '") + key + "' is not an object");
+    const auto& q = j[key];
+    spec->type = get_required<std::string>(q, "type", what);
+    spec->group_size = get_required<int64_t>(q, "group_size", what);
   }
   // NOTE: bounded before validate() so a hostile file cannot make us allocate GBs.
   if (j.contains("layer_windows")) c.layer_windows = get_int_list(j, "layer_windows", what, 4096);
@@ -652,6 +655,16 @@ void ModelConfig::validate() const {
                                           " does not divide intermediate_size " + std::to_string(intermediate_size));
   } else {
     check(expert_quant.group_size == 0, "expert_quant.group_size must be 0 without quantisation");
+  }
+  // Each quantised dense matrix's input width must be a multiple of the group:
+  // checked per tensor by the converter and the reader (dense_tensor_specs).
+  one_of(dense_quant.type, {"none", "int8", "int4"}, "dense_quant.type");
+  if (dense_quant.type != "none") {
+    const int64_t g = dense_quant.group_size;
+    check(g == 16 || g == 32 || g == 64 || g == 128,
+          "dense_quant.group_size " + std::to_string(g) + " is not supported (supported: 16, 32, 64, 128)");
+  } else {
+    check(dense_quant.group_size == 0, "dense_quant.group_size must be 0 without quantisation");
   }
 }
 

@@ -90,10 +90,16 @@ struct ModelConfig {
   // (in the expert dtype), "int8" or "int4", symmetric per `group_size`
   // consecutive inputs of each output row with an f16 scale. Optional in the
   // embedded JSON ("expert_quant" object), written only when not "none".
-  struct ExpertQuant {
+  struct QuantSpec {
     std::string type = "none";
     int64_t group_size = 0;
-  } expert_quant;
+  };
+  QuantSpec expert_quant;
+  // The same for the dense matrices the coordinator multiplies (attention
+  // projections, dense and shared-expert FFNs, the LM head; not the embedding
+  // table, the routers or MLA's per-head k_b/v_b: TensorSpec::quantizable).
+  // Optional ("dense_quant" object), written only when not "none".
+  QuantSpec dense_quant;
 
   // Index of `layer` among the MoE layers, or -1 for a dense layer. Placement,
   // routing traces and the expert index count MoE layers by this index.

@@ -3,6 +3,7 @@
 #include "model/converter.h"
 
 #include <cmath>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -193,19 +194,23 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
     throw Error(Status::Format, cfg_path.string() + ": not valid JSON (" + e.what() + ")");
   }
   ModelConfig cfg = ModelConfig::from_hf(hf);
+  // NOTE: checked before anything is read or written; the messages name the option.
+  const int64_t qgroup = opts.group_size;
+  if ((opts.expert_quant != QuantType::None || opts.dense_quant != QuantType::None) && !quant_group_supported(qgroup))
+    throw Error(Status::InvalidArgument, "--group-size " + std::to_string(qgroup) + " is not supported (supported: 16, 32, 64, 128)");
   if (opts.expert_quant != QuantType::None) {
-    // NOTE: checked before anything is read or written; the messages name the option.
-    const int64_t g = opts.group_size;
-    if (!quant_group_supported(g))
-      throw Error(Status::InvalidArgument, "--group-size " + std::to_string(g) + " is not supported (supported: 16, 32, 64, 128)");
-    if (cfg.hidden_size % g != 0)
-      throw Error(Status::InvalidArgument, "--group-size " + std::to_string(g) + " does not divide hidden_size " +
+    if (cfg.hidden_size % qgroup != 0)
+      throw Error(Status::InvalidArgument, "--group-size " + std::to_string(qgroup) + " does not divide hidden_size " +
                                                std::to_string(cfg.hidden_size));
-    if (cfg.intermediate_size % g != 0)
-      throw Error(Status::InvalidArgument, "--group-size " + std::to_string(g) + " does not divide intermediate_size " +
+    if (cfg.intermediate_size % qgroup != 0)
+      throw Error(Status::InvalidArgument, "--group-size " + std::to_string(qgroup) + " does not divide intermediate_size " +
                                                std::to_string(cfg.intermediate_size));
     cfg.expert_quant.type = quant_type_name(opts.expert_quant);
-    cfg.expert_quant.group_size = g;
+    cfg.expert_quant.group_size = qgroup;
+  }
+  if (opts.dense_quant != QuantType::None) {
+    cfg.dense_quant.type = quant_type_name(opts.dense_quant);
+    cfg.dense_quant.group_size = qgroup;
   }
   Checkpoint ck(hf_dir);
 
@@ -217,9 +222,17 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
   const auto specs = dense_tensor_specs(cfg);
   for (const auto& spec : specs) {
     dense.push_back({spec.name, spec.is_norm ? DType::F32 : dtype, spec.shape});
+    if (dense_storage(cfg, spec) != QuantType::None) {
+      dense.back().quant = opts.dense_quant;
+      dense.back().group = qgroup;
+    }
     sources.push_back(dense_source(ck, cfg, spec.name));
     expect(ck, sources.back().name, source_shape(cfg, spec, sources.back()));  // fail before writing anything
   }
+  if (opts.dense_quant != QuantType::None &&
+      std::none_of(dense.begin(), dense.end(), [](const auto& d) { return d.quant != QuantType::None; }))
+    throw Error(Status::InvalidArgument, "--quantize-dense with --group-size " + std::to_string(qgroup) +
+                                             " would quantise no matrix: the group divides none of their input widths");
 
   // Experts come in one of four layouts:
   //  classic: per expert w1 (gate), w3 (up), w2 (down) (Mixtral), or
@@ -256,11 +269,7 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
   ColibriWriter w(out_path, cfg, dense, dtype);
   // Progress counts the bytes of tensor and expert data (not metadata or padding).
   uint64_t total = static_cast<uint64_t>(cfg.num_moe_layers() * E) * w.layout().size;
-  for (const auto& d : dense) {
-    uint64_t n = dtype_size(d.dtype);
-    for (auto x : d.shape) n *= static_cast<uint64_t>(x);
-    total += n;
-  }
+  for (const auto& d : dense) total += d.bytes();
   uint64_t done = 0;
   ConvertResult res;
   std::vector<uint8_t> buf;
@@ -270,8 +279,23 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
     const SafeTensor& src = ck.get(sources[i].name);
     size_t n = 1;
     for (auto x : dense[i].shape) n *= static_cast<size_t>(x);
-    buf.resize(n * dtype_size(dense[i].dtype));
-    if (sources[i].kind == DenseSource::Direct) {
+    buf.resize(dense[i].bytes());
+    if (dense[i].quant != QuantType::None) {
+      // Row by row from f32: codes [rows][row bytes], then the f16 scales.
+      const QuantType qt = dense[i].quant;
+      const int64_t rows = dense[i].shape[0], cols = dense[i].shape[1], qg = dense[i].group;
+      const QuantMatrixLayout ql = quant_matrix_layout(qt, rows, cols, qg);
+      f32.resize(n);
+      convert_elements(src.data, *src.dtype, f32.data(), DType::F32, n);
+      std::fill(buf.begin(), buf.end(), uint8_t{0});
+      auto* scales = reinterpret_cast<uint16_t*>(buf.data() + ql.scales_offset);
+      for (int64_t r = 0; r < rows; ++r)
+        if (!quantize_row(qt, qg, f32.data() + r * cols, cols, buf.data() + r * quant_row_bytes(qt, cols),
+                          scales + r * (cols / qg)))
+          throw Error(Status::Format, dense[i].name + " row " + std::to_string(r) +
+                                          " has a non-finite weight or a group scale beyond the f16 range; it cannot be quantised");
+      ++res.dense_quantised;
+    } else if (sources[i].kind == DenseSource::Direct) {
       convert_elements(src.data, *src.dtype, buf.data(), dense[i].dtype, n);
     } else {
       // kv_b_proj [nh * (nope + v), R]: head h's rows [0, nope) are W_uk[h],
@@ -418,7 +442,8 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
   res.bytes = w.total_bytes();
   res.dtype = dtype;
   res.expert_quant = lay.quant;
-  res.group_size = lay.quant_group;
+  res.dense_quant = opts.dense_quant;
+  res.group_size = (lay.quant != QuantType::None || opts.dense_quant != QuantType::None) ? qgroup : 0;
   return res;
 }
 

@@ -20,7 +20,11 @@ struct ConvertOptions {
   // `group_size` inputs, f16 scales; docs/quantization.md); None: in `dtype`.
   // Dense matrices stay in `dtype`, expert biases f32.
   QuantType expert_quant = QuantType::None;
-  int64_t group_size = kQuantDefaultGroup;
+  // The dense matrices of the coordinator's products (attention, dense and
+  // shared FFNs, LM head: TensorSpec::quantizable) stored the same way; the
+  // embedding table, routers and norms keep their storage.
+  QuantType dense_quant = QuantType::None;
+  int64_t group_size = kQuantDefaultGroup;  // for both
   // Called after each tensor or expert block: (bytes written, total bytes, name).
   std::function<void(uint64_t, uint64_t, const std::string&)> progress;
   // Polled between tensors: non-zero (a signal number) stops the conversion
@@ -34,7 +38,9 @@ struct ConvertResult {
   int experts = 0;
   DType dtype = DType::F32;  // the matrices' storage
   QuantType expert_quant = QuantType::None;
+  QuantType dense_quant = QuantType::None;
   int64_t group_size = 0;
+  int dense_quantised = 0;  // dense tensors stored quantised
 };
 
 // The Hugging Face tensors a checkpoint of this config holds (all that the

@@ -124,5 +124,27 @@ import json; [print(','.join(map(str,p))) for p in json.load(open('$fixtures/$fx
     echo "FAIL $fx traffic: rows '$rows', want tokens '$tokens' x $want"; fail=$((fail + 1))
   fi
 done
+# Quantised files: the workers' stores and caches hold int4 expert blocks, the
+# coordinator int8 dense matrices; still bitwise one process. Quick mode: one run.
+for fx in mixtral_a deepseek_v3_a; do
+  [ "$mode" = quick ] && [ "$fx" != mixtral_a ] && continue
+  model="$work/$fx.q.colibri"
+  group=32; [ "$fx" = deepseek_v3_a ] && group=16
+  "$colibri" convert "$fixtures/$fx/hf" "$model" --dtype bf16 --quantize-experts int4 --quantize-dense int8 \
+    --group-size "$group" --log-level warn
+  prompts=()
+  while read -r line; do prompts+=(--prompt-ids "$line"); done < <(python3 -c "
+import json; [print(','.join(map(str,p))) for p in json.load(open('$fixtures/$fx/expected.json'))['prompts']]")
+  common=(--model "$model" "${prompts[@]}" --max-new-tokens 8 --ignore-eos --log-level warn)
+  "$colibri" generate "${common[@]}" --dump-logits "$work/ref.npy" --record-routing "$work/trace.jsonl" > "$work/ref.txt"
+  "$colibri" stats "$work/trace.jsonl" --out "$work/stats.json" --log-level warn > /dev/null
+  echo "== $fx int4 experts + int8 dense: $(grep -c '^sequence' "$work/ref.txt") sequences"
+  check "$fx quantised np=3 balanced" "${mpirun_base[@]}" -np 3 "$colibri" run "${common[@]}" --policy balanced \
+    --stats "$work/stats.json"
+  [ "$mode" = quick ] && continue
+  check "$fx quantised np=4 replicated R=2 coordinator-experts, cache 1 expert/rank lru" \
+    "${mpirun_base[@]}" -np 4 "$colibri" run "${common[@]}" --policy replicated --redundant 2 --coordinator-experts \
+    --stats "$work/stats.json" --expert-cache-experts 1 --cache-policy lru
+done
 echo "$runs runs, $fail failed"
 [ "$fail" -eq 0 ]
