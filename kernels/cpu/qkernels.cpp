@@ -83,13 +83,18 @@ void QActBuffer::prepare(int64_t rows, int64_t in, int64_t block) {
   const uint64_t qb = align64(r * static_cast<uint64_t>(a.q_stride));
   const uint64_t db = align64(r * static_cast<uint64_t>(a.nb) * sizeof(float));
   const uint64_t cb = align64(r * static_cast<uint64_t>(a.nb) * 8 * sizeof(int32_t));
-  if (mem_.size() < qb + db + 2 * cb + 64) mem_.resize(qb + db + 2 * cb + 64);
+  a.nquads = (a.nb + 3) / 4;
+  const uint64_t quads = r * static_cast<uint64_t>(a.nquads);
+  const uint64_t qqb = quads * 128, qcb = quads * 16 * sizeof(int32_t);  // multiples of 64
+  if (mem_.size() < qb + db + 2 * cb + qqb + qcb + 64) mem_.resize(qb + db + 2 * cb + qqb + qcb + 64);
   uint8_t* base = mem_.data();
   base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;
   a.q = reinterpret_cast<const int8_t*>(base);
   a.d = reinterpret_cast<const float*>(base + qb);
   a.corr = reinterpret_cast<const int32_t*>(base + qb + db);
   a.d8 = reinterpret_cast<const float*>(base + qb + db + cb);
+  a.quad_q = reinterpret_cast<const int8_t*>(base + qb + db + 2 * cb);
+  a.quad_corr = reinterpret_cast<const int32_t*>(base + qb + db + 2 * cb + qqb);
 }
 
 namespace {

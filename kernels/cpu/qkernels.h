@@ -41,7 +41,14 @@ struct QActs {
   // block's 8 int32 lanes here, so every lane holds the exact signed partial dot
   // product of its 4 elements.
   const int32_t* corr = nullptr;
-  const float* d8 = nullptr;  // [rows][nb][8]: d broadcast to 8 lanes (SIMD loads)
+  const float* d8 = nullptr;  // [rows][nb][8]: d broadcast to 8 lanes (the AVX2 kernels' loads)
+  // The same codes and corrections by quads of 4 blocks of 32 (block == 32 only;
+  // the AVX-512 kernels' layout): one 512-bit dot product covers 4 blocks. In a
+  // last, partial quad the entries past nb are not written (stale values); the
+  // kernels zero the weight codes and scales there, so they add nothing.
+  int64_t nquads = 0;                  // (nb + 3) / 4
+  const int8_t* quad_q = nullptr;      // [rows][nquads][128]: codes 0-15 of its 4 blocks, then codes 16-31
+  const int32_t* quad_corr = nullptr;  // [rows][nquads][16] int32: lane 4j + k is corr lane k + corr lane k+4 of block j
 };
 
 // Owns the memory of a QActs (64-byte aligned; grows, never shrinks).
@@ -60,6 +67,8 @@ class QActBuffer {
   float* d() { return const_cast<float*>(acts_.d); }
   int32_t* corr() { return const_cast<int32_t*>(acts_.corr); }
   float* d8() { return const_cast<float*>(acts_.d8); }
+  int8_t* quad_q() { return const_cast<int8_t*>(acts_.quad_q); }
+  int32_t* quad_corr() { return const_cast<int32_t*>(acts_.quad_corr); }
 
  private:
   std::vector<uint8_t> mem_;

@@ -116,6 +116,23 @@ void quantize_block32(const float* x, int32_t off, int8_t* q, float* d, int32_t*
 }
 #endif
 
+// Block b of 32 (codes q, corrections c) into its quad (QActs::quad_q,
+// quad_corr). NOTE: each block writes only its own bytes (blocks of one quad may
+// be quantised by different threads); the last block also zeroes the quad's rest.
+void store_quad_block(const QActs& a, int64_t b, const int8_t* q, const int32_t* c, int8_t* qq, int32_t* qc) {
+  const int64_t j = b & 3;
+  qq += (b >> 2) * 128;
+  qc += (b >> 2) * 16;
+  std::memcpy(qq + j * 16, q, 16);
+  std::memcpy(qq + 64 + j * 16, q + 16, 16);
+  for (int k = 0; k < 4; ++k) qc[j * 4 + k] = c[k] + c[k + 4];
+  if (b == a.nb - 1 && j < 3) {
+    std::memset(qq + (j + 1) * 16, 0, static_cast<size_t>(3 - j) * 16);
+    std::memset(qq + 64 + (j + 1) * 16, 0, static_cast<size_t>(3 - j) * 16);
+    std::memset(qc + (j + 1) * 4, 0, static_cast<size_t>(3 - j) * 4 * sizeof(int32_t));
+  }
+}
+
 void quantize_blocks(const float* x, int64_t ldx, int64_t r_begin, int64_t r_end, int64_t b_begin, int64_t b_end,
                      QuantType t, QActBuffer& buf) {
   const QActs& a = buf.acts();
@@ -126,16 +143,20 @@ void quantize_blocks(const float* x, int64_t ldx, int64_t r_begin, int64_t r_end
     float* d = buf.d() + r * a.nb;
     int32_t* c = buf.corr() + r * a.nb * 8;
     float* d8 = buf.d8() + r * a.nb * 8;
+    int8_t* qq = buf.quad_q() + r * a.nquads * 128;
+    int32_t* qc = buf.quad_corr() + r * a.nquads * 16;
     for (int64_t b = b_begin; b < b_end; ++b) {
 #if QK_AVX2
       if (a.block == 32) {
         quantize_block32(xr + b * 32, off, q + b * 32, d + b, c + b * 8);
         _mm256_storeu_ps(d8 + b * 8, _mm256_set1_ps(d[b]));
+        store_quad_block(a, b, q + b * 32, c + b * 8, qq, qc);
         continue;
       }
 #endif
       quantize_block_scalar(xr + b * a.block, a.block, off, q + b * a.block, d + b, c + b * 8);
       for (int k = 0; k < 8; ++k) d8[b * 8 + k] = d[b];
+      if (a.block == 32) store_quad_block(a, b, q + b * 32, c + b * 8, qq, qc);
     }
   }
 }
@@ -181,13 +202,104 @@ void gemm(const QActs& a, const QMatrix& w, int64_t o_begin, int64_t o_end, floa
 }
 #else
 
+#if QK_AVX512
+// R rows with one weight row, by quads of 4 blocks of 32 (QActs::quad_q): one
+// 512-bit step per quad, lanes 4j..4j+3 for its block j (each the exact signed
+// partial dot product of 8 elements: 4 of the block's first 16, 4 of its last
+// 16, from the quad's corrections plus unsigned codes times the activations).
+// `sr` points to the row's f16 scales, GS = log2(group / 32). Each block's factor
+// is ws * d, one f32 multiply as in the scalar reference, spread to its 4 lanes.
+// NOTE: per row the instruction sequence is the same for every R (two
+// accumulators over alternate quads, a fixed reduction), so a batch gives each
+// row bitwise its value alone. The weights need no more than one 64-byte load
+// (int4) or a pair of lane permutes (int8) per quad, shared by the R rows.
+// (Reading two weight rows per pass to share the activation loads was tried:
+// two interleaved streams cut this machine's single-core DRAM bandwidth from 32
+// to 19-24 GB/s, a net loss.)
+constexpr int64_t kPrefetchAhead = 4096;  // bytes
+
+template <int R, bool I4, int GS>
+inline void dot_rows_quads(const QActs& a, int64_t r0, const uint8_t* wr, const uint16_t* sr, float* out) {
+  const int64_t nb = a.nb, nq = a.nquads, full = nb / 4;
+  const int8_t* xq[R];
+  const int32_t* xc[R];
+  const float* xd[R];
+  for (int r = 0; r < R; ++r) {
+    xq[r] = a.quad_q + (r0 + r) * nq * 128;
+    xc[r] = a.quad_corr + (r0 + r) * nq * 16;
+    xd[r] = a.d + (r0 + r) * nb;
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  // int8: 128 code bytes [b0 | b1 | b2 | b3] -> first halves [b0 0-15 | b1 0-15 | ...], then second halves.
+  const __m512i first = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), second = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  __m512 acc[2][R];
+  for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
+  // Quad s into accumulator k; `tail`: the last quad, with nb - 4s < 4 blocks
+  // (the codes and scales past the row are masked off; the activations are zero there).
+  auto quad = [&](int64_t s, int k, bool tail) {
+    const int nv = tail ? static_cast<int>(nb - 4 * s) : 4;
+    const __mmask8 m4f = static_cast<__mmask8>((1u << nv) - 1);
+    __m512i w0, w1;  // unsigned codes: first and second halves of the 4 blocks
+    // Software prefetch of the codes 4 KB ahead (into the next rows): the
+    // hardware prefetcher alone leaves a core's stream 10-20% below the bandwidth
+    // here (measured: 4-8 KB ahead are equal, 1 KB too close).
+    _mm_prefetch(reinterpret_cast<const char*>(wr + s * (I4 ? 64 : 128) + kPrefetchAhead), _MM_HINT_T0);
+    if constexpr (!I4) _mm_prefetch(reinterpret_cast<const char*>(wr + s * 128 + 64 + kPrefetchAhead), _MM_HINT_T0);
+    if constexpr (I4) {
+      // A block's 16 bytes hold its elements 0-15 in the low nibbles, 16-31 in the high.
+      const uint8_t* p = wr + s * 64;
+      const __m512i v = tail ? _mm512_maskz_loadu_epi8((1ULL << (16 * nv)) - 1, p) : _mm512_loadu_si512(p);
+      w0 = _mm512_and_si512(v, m4);
+      w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    } else {
+      const uint8_t* p = wr + s * 128;
+      const __m512i v0 = tail ? _mm512_maskz_loadu_epi8(nv >= 2 ? ~0ULL : 0xFFFFFFFFULL, p) : _mm512_loadu_si512(p);
+      const __m512i v1 = tail ? _mm512_maskz_loadu_epi8(nv == 3 ? 0xFFFFFFFFULL : 0ULL, p + 64) : _mm512_loadu_si512(p + 64);
+      w0 = _mm512_xor_si512(_mm512_permutex2var_epi64(v0, first, v1), flip);
+      w1 = _mm512_xor_si512(_mm512_permutex2var_epi64(v0, second, v1), flip);
+    }
+    __m128 wv;  // the 4 blocks' weight scales (f16 -> f32 here: no staging through memory)
+    if constexpr (GS == 0) {
+      wv = _mm_cvtph_ps(tail ? _mm_maskz_loadu_epi16(m4f, sr + 4 * s) : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sr + 4 * s)));
+    } else if constexpr (GS == 1) {
+      const __m128 g2 = _mm_cvtph_ps(tail ? _mm_maskz_loadu_epi16(1, sr + 2 * s) : _mm_loadu_si32(sr + 2 * s));
+      wv = _mm_unpacklo_ps(g2, g2);
+    } else {
+      wv = _mm_cvtph_ps(_mm_set1_epi16(static_cast<short>(sr[s])));  // group 128: one per quad
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xs = xq[r] + s * 128;
+      __m512i p = _mm512_loadu_si512(xc[r] + s * 16);
+      p = _mm512_dpbusd_epi32(p, w0, _mm512_loadu_si512(xs));
+      p = _mm512_dpbusd_epi32(p, w1, _mm512_loadu_si512(xs + 64));
+      const __m128 dv = tail ? _mm_maskz_loadu_ps(m4f, xd[r] + 4 * s) : _mm_loadu_ps(xd[r] + 4 * s);
+      const __m512 f = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(wv, dv)));
+      acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), f, acc[k][r]);
+    }
+  };
+  int64_t s = 0;
+  for (; s + 2 <= full; s += 2) {
+    quad(s, 0, false);
+    quad(s + 1, 1, false);
+  }
+  if (s < full) {
+    quad(s, 0, false);
+    if (s + 1 < nq) quad(s + 1, 1, true);
+  } else if (s < nq) {
+    quad(s, 0, true);
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m512 t = _mm512_add_ps(acc[0][r], acc[1][r]);
+    out[r] = hsum(_mm256_add_ps(_mm512_castps512_ps256(t), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1))));
+  }
+}
+#else
 // R rows with one weight row, blocks of 32; `ws` holds the row's scales in
 // f32. NOTE: per row the instruction sequence is the same for every R (two
-// accumulators over alternate steps, a fixed reduction), so a batch gives each
+// accumulators over alternate blocks, a fixed reduction), so a batch gives each
 // row bitwise its value alone. Each block's factor is ws * d, one f32 multiply
-// as in the scalar reference. (Reading two weight rows per pass to share the
-// activation loads was tried: two interleaved streams cut this machine's
-// single-core DRAM bandwidth from 32 to 19-24 GB/s, a net loss.)
+// as in the scalar reference.
 template <int R, bool I4>
 inline void dot_rows(const QActs& a, int64_t r0, const uint8_t* wr, const float* ws, int gshift, float* out) {
   const int64_t nb = a.nb;
@@ -199,70 +311,6 @@ inline void dot_rows(const QActs& a, int64_t r0, const uint8_t* wr, const float*
     xd[r] = a.d8 + (r0 + r) * nb * 8;
     xc[r] = a.corr + (r0 + r) * nb * 8;
   }
-#if QK_AVX512
-  const __m512i nib_shift = _mm512_setr_epi64(0, 0, 0x0004000400040004LL, 0x0004000400040004LL, 0, 0, 0x0004000400040004LL,
-                                              0x0004000400040004LL);
-  const __m512i m4x = _mm512_set1_epi8(0x0F);
-  const __m512i two = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc[2][R];
-  for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
-  // Blocks b and b+1 as one 512-bit step: lanes 0-7 block b, 8-15 block b+1.
-  auto pair = [&](int64_t b, int k) {
-    // [ws(b) x8, ws(b+1) x8]: one group for both unless the group is 32.
-    const __m512 wv = gshift == 0 ? _mm512_permutexvar_ps(two, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(ws + b)))))
-                                  : _mm512_set1_ps(ws[b >> gshift]);
-    __m512i wu;
-    if constexpr (I4) {
-      // 32 bytes (blocks b, b+1) -> 128-bit lanes [b, b, b+1, b+1], the second
-      // of each pair shifted by 4: low nibbles then high nibbles of each block.
-      const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + b * 16)));
-      wu = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0)), nib_shift), m4x);
-    } else {
-      wu = _mm512_xor_si512(_mm512_loadu_si512(wr + b * 32), flip);
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m512i xv = _mm512_loadu_si512(xq[r] + b * 32);
-      const __m512i c = _mm512_loadu_si512(xc[r] + b * 8);
-      const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c, wu, xv));
-      acc[k][r] = _mm512_fmadd_ps(f, _mm512_mul_ps(wv, _mm512_loadu_ps(xd[r] + b * 8)), acc[k][r]);
-    }
-  };
-  int64_t b = 0;
-  for (; b + 4 <= nb; b += 4) {
-    pair(b, 0);
-    pair(b + 2, 1);
-  }
-  if (b + 2 <= nb) {
-    pair(b, 0);
-    b += 2;
-  }
-  __m256 tail[R];
-  for (int r = 0; r < R; ++r) tail[r] = _mm256_setzero_ps();
-  if (b < nb) {
-    const __m256 wv = _mm256_set1_ps(ws[b >> gshift]);
-    __m256i wu;
-    if constexpr (I4) {
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + b * 16));
-      wu = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
-    } else {
-      wu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + b * 32)),
-                            _mm256_set1_epi8(static_cast<char>(0x80)));
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + b * 32));
-      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc[r] + b * 8));
-      const __m256 f = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c, wu, xv));
-      tail[r] = _mm256_mul_ps(f, _mm256_mul_ps(wv, _mm256_loadu_ps(xd[r] + b * 8)));
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    const __m512 s = _mm512_add_ps(acc[0][r], acc[1][r]);
-    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
-    out[r] = hsum(_mm256_add_ps(h, tail[r]));
-  }
-#else
   const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
   __m256 acc[2][R];
   for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_ps();
@@ -298,16 +346,38 @@ inline void dot_rows(const QActs& a, int64_t r0, const uint8_t* wr, const float*
   }
   if (b < nb) block(b, 0);
   for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_add_ps(acc[0][r], acc[1][r]));
-#endif
 }
+#endif
 
+#if QK_AVX512
+template <bool I4, int GS>
+void gemm_t(const QActs& a, const QMatrix& w, int64_t o_begin, int64_t o_end, float* y, int64_t ldy) {
+  const int64_t ng = w.in / w.group;
+  const uint64_t rb = quant_row_bytes(w.type, w.in);
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    const uint8_t* wr = w.codes + static_cast<uint64_t>(o) * rb;
+    const uint16_t* sr = w.scales + o * ng;
+    int64_t r = 0;
+    for (; r + 4 <= a.rows; r += 4) {
+      float out[4];
+      dot_rows_quads<4, I4, GS>(a, r, wr, sr, out);
+      for (int k = 0; k < 4; ++k) y[(r + k) * ldy + o] = out[k];
+    }
+    for (; r < a.rows; ++r) {
+      float out[1];
+      dot_rows_quads<1, I4, GS>(a, r, wr, sr, out);
+      y[r * ldy + o] = out[0];
+    }
+  }
+}
+#else
 template <bool I4>
 void gemm_t(const QActs& a, const QMatrix& w, int64_t o_begin, int64_t o_end, float* y, int64_t ldy) {
   const int64_t ng = w.in / w.group;
   const uint64_t rb = quant_row_bytes(w.type, w.in);
   const int gshift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;
-  // The row's f16 scales in f32 (+ spare: the pair load of the last group reads
-  // 2), on the stack up to 1024 groups (widths 16384 to 131072).
+  // The row's f16 scales in f32 (+ spare), on the stack up to 1024 groups
+  // (widths 16384 to 131072).
   alignas(64) float local[1024 + 16];
   std::vector<float> heap;
   float* ws = local;
@@ -337,6 +407,7 @@ void gemm_t(const QActs& a, const QMatrix& w, int64_t o_begin, int64_t o_end, fl
     }
   }
 }
+#endif
 
 void gemm(const QActs& a, const QMatrix& w, int64_t o_begin, int64_t o_end, float* y, int64_t ldy) {
   if (a.block != 32) {
@@ -344,10 +415,20 @@ void gemm(const QActs& a, const QMatrix& w, int64_t o_begin, int64_t o_end, floa
     generic::table().gemm(a, w, o_begin, o_end, y, ldy);
     return;
   }
+#if QK_AVX512
+  const bool i4 = w.type == QuantType::Int4;
+  if (w.group == 32)
+    i4 ? gemm_t<true, 0>(a, w, o_begin, o_end, y, ldy) : gemm_t<false, 0>(a, w, o_begin, o_end, y, ldy);
+  else if (w.group == 64)
+    i4 ? gemm_t<true, 1>(a, w, o_begin, o_end, y, ldy) : gemm_t<false, 1>(a, w, o_begin, o_end, y, ldy);
+  else
+    i4 ? gemm_t<true, 2>(a, w, o_begin, o_end, y, ldy) : gemm_t<false, 2>(a, w, o_begin, o_end, y, ldy);
+#else
   if (w.type == QuantType::Int4)
     gemm_t<true>(a, w, o_begin, o_end, y, ldy);
   else
     gemm_t<false>(a, w, o_begin, o_end, y, ldy);
+#endif
 }
 #endif
 
