@@ -7,6 +7,8 @@ Run by hand (it is not part of the build or of CI):
     python3 scripts/make_fixtures.py                         # all fixtures
     python3 scripts/make_fixtures.py mixtral_b               # only some
     python3 scripts/make_fixtures.py qwen3_moe_a gpt_oss_mxfp4
+    python3 scripts/make_fixtures.py tokenizers              # only tests/fixtures/tokenizers
+                                                             # (needs tokenizers, sentencepiece, protobuf)
 
 Families: Mixtral (mixtral_a/b/c, FIXTURE_SPECS) and Qwen2-MoE, Qwen3-MoE, OLMoE,
 DeepSeek-V2, DeepSeek-V3, GLM-4-MoE, gpt-oss (FAMILY_FIXTURE_SPECS, two or three each,
@@ -1828,10 +1830,243 @@ def make_family_fixture(name: str, spec: dict) -> dict:
     return meta
 
 
+# ---- Tokenizer fixtures (tests/fixtures/tokenizers/) --------------------------
+
+TOKENIZER_FIXTURES = FIXTURES / "tokenizers"
+
+# A few KB of mixed text the tiny tokenizers are trained on (deterministic).
+TOKENIZER_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. The dog sleeps; the fox runs away.",
+    "Mixture-of-experts models route every token to a few experts out of many.",
+    "Hello, world! How are you today? I'm fine, thanks. We'll see what they've done.",
+    "It's 2024-05-17 and the temperature is 23.5 degrees; 100% of 42 tests passed.",
+    "In the beginning there was the word, and the word was tokenised into pieces.",
+    "def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(i, add(i, i * 2))\n",
+    "int main(int argc, char** argv) {\n\tstd::vector<int> v{1, 2, 3};\n\treturn v.size() > 2 ? 0 : 1;\n}\n",
+    "if (x != nullptr && x->next) { x = x->next; } // follow the list\n",
+    "    indented line with four spaces\n        and eight spaces\n\t\ttwo tabs\n",
+    "JSON: {\"name\": \"colibri\", \"version\": \"0.1.0\", \"experts\": [1, 2, 3]}",
+    "我们在测试分词器。今天天气很好，我们去公园散步吧。中文文本和英文文本混合在一起。",
+    "机器学习模型需要大量的数据。专家混合模型把每个词元路由到少数专家。",
+    "日本語のテキストも少し含めます。こんにちは、世界！",
+    "Emoji: 😀 😃 😄 🎉 👍 👩‍💻 👨‍👩‍👧‍👦 🇫🇷 ❤️ ✨ 🚀",
+    "Café, naïve, résumé, coöperate, Zürich, São Paulo, Ångström, façade.",
+    "Greek: Αλφα βήτα γάμμα. Russian: Привет, мир! Arabic: مرحبا بالعالم",
+    "Math: ∑ x² + √y ≈ π ≤ ∞; arrows → ← ↔; fractions ½ ¼ ¾.",
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nParis.<|im_end|>\n",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 123 1234 12345 3.14159 2.71828 1e-5 0x1F",
+    "URLs like https://example.com/path?query=1&x=y#frag and emails a.b@c.org appear too.",
+    "Line one.\nLine two.\r\nLine three.\n\n\nAfter blank lines.   Trailing spaces.   ",
+    "ALL CAPS TEXT, MiXeD cAsE tExT, snake_case_names, camelCaseNames, kebab-case-names.",
+    "The tokenizer must give exactly what the reference gives, byte for byte, every time.",
+]
+
+TOKENIZER_TEST_STRINGS = [
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "",
+    " ",
+    "   leading and trailing spaces   ",
+    "\t\ttabs\tand\nnewlines\n\n\nand\r\nCRLF\n",
+    "a  b   c    d     e",
+    "I'm sure they'll say it's what we've done, isn't it? DON'T SHOUT",
+    "我们在测试分词器。你好，世界！",
+    "こんにちは世界",
+    "Emoji 😀🎉 ZWJ family 👨‍👩‍👧‍👦 woman technologist 👩‍💻 flag 🇫🇷 heart ❤️",
+    "def f(x):\n    return x ** 2  # square\n",
+    "for (int i = 0; i < n; ++i) {\n\tsum += a[i];\n}",
+    "Numbers 1234567890 3.14159 -42 1e10",
+    "Combining: e\u0301 a\u0308 o\u0302 vs precomposed é ä ô; Å (U+212B) ﬁ ligature ①",
+    "Hangul jamo \u1100\u1161\u11a8 and Zero\u200bwidth\u200dspace",
+    "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+    "<|endoftext|>",
+    "text<|endoftext|>more text <|endoftext|> spaced",
+    "<think>reasoning</think>answer",
+    "<s>bos in text</s> and <unk> too",
+    "Mixed 中文 and English and 😀 and code `x = 1`",
+    "trailing newline\n",
+    "  \n  \n",
+    "Ελληνικά и русский",
+    "unknown chars: \u2603 \U0001f9ec \u0e01\u0e32\u0e23",
+]
+
+
+def _tok_versions() -> dict:
+    import sentencepiece
+    import tokenizers
+    return dict(tokenizers=tokenizers.__version__, sentencepiece=sentencepiece.__version__,
+                transformers=transformers.__version__)
+
+
+def _tok_cases(tok, strings, cut_ids) -> dict:
+    """ids (add_special_tokens True/False) and decodes (skip_special_tokens True/False)."""
+    cases = []
+    for s in strings:
+        c = dict(text=s)
+        for add in (True, False):
+            ids = tok(s, add_special_tokens=add)["input_ids"]
+            key = "with_special" if add else "without_special"
+            c[f"ids_{key}"] = ids
+            c[f"decode_{key}"] = tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            c[f"decode_{key}_skip"] = tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        cases.append(c)
+    cuts = []
+    for ids in cut_ids:
+        cuts.append(dict(ids=ids,
+                         decode=tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False),
+                         decode_skip=tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)))
+    return dict(cases=cases, cuts=cuts)
+
+
+def _byte_level_cut_ids(tok, texts) -> list:
+    """Id sequences that end inside a multi-byte character (prefixes of encodings)."""
+    out = []
+    for t in texts:
+        ids = tok(t, add_special_tokens=False)["input_ids"]
+        for n in range(1, len(ids)):
+            pre = tok.convert_ids_to_tokens(ids[:n])
+            raw = bytes(_BYTE_DECODER[ch] for p in pre for ch in p if ch in _BYTE_DECODER)
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                out.append(ids[:n])
+                if len(out) % 3 == 0:
+                    break
+    return out
+
+
+def _gpt2_bytes_to_unicode() -> dict:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+_BYTE_DECODER = {c: b for b, c in _gpt2_bytes_to_unicode().items()}
+
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _train_byte_level(kind: str, vocab_size: int, special: list, added: list):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    if kind == "qwen2":
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                  special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TOKENIZER_CORPUS * 3, trainer=trainer)
+    from tokenizers import AddedToken
+    tok.add_tokens([AddedToken(a, special=False, normalized=False) for a in added])
+    return tok, processors
+
+
+def make_tokenizer_fixtures() -> None:
+    """Tiny tokenizers trained here, with what transformers gives for TOKENIZER_TEST_STRINGS."""
+    import sentencepiece as spm
+    from transformers import AutoTokenizer, LlamaTokenizer, PreTrainedTokenizerFast
+
+    if TOKENIZER_FIXTURES.exists():
+        shutil.rmtree(TOKENIZER_FIXTURES)
+    TOKENIZER_FIXTURES.mkdir(parents=True)
+    versions = _tok_versions()
+    cut_texts = ["我们", "😀🎉", "é中👩‍💻"]
+
+    # (1) Qwen2-style: NFC, Split(Qwen2 regex) + ByteLevel, TemplateProcessing [<|endoftext|>, $A].
+    # (2) GPT-2-style: ByteLevel(use_regex) pre-tokeniser and post-processor, no normaliser.
+    for name, kind in (("qwen2_bpe", "qwen2"), ("gpt2_bpe", "gpt2")):
+        special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        tok, processors = _train_byte_level(kind, 480 - 2, special, ["<think>", "</think>"])
+        if kind == "qwen2":
+            tok.post_processor = processors.TemplateProcessing(
+                single="<|endoftext|> $A", pair="<|endoftext|> $A $B",
+                special_tokens=[("<|endoftext|>", tok.token_to_id("<|endoftext|>"))])
+        else:
+            tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        d = TOKENIZER_FIXTURES / name
+        d.mkdir()
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                       clean_up_tokenization_spaces=False)
+        fast.save_pretrained(str(d))
+        for extra in ("special_tokens_map.json",):
+            if (d / extra).exists():
+                (d / extra).unlink()
+        hf = AutoTokenizer.from_pretrained(str(d))
+        assert hf.vocab_size <= 480 and len(hf) <= 480, len(hf)
+        meta = dict(kind="hf_json", file="tokenizer.json", versions=versions, vocab_size=len(hf),
+                    description=f"{kind} byte-level BPE trained by scripts/make_fixtures.py; "
+                                "ids/decodes from transformers AutoTokenizer on the saved files")
+        meta.update(_tok_cases(hf, TOKENIZER_TEST_STRINGS, _byte_level_cut_ids(hf, cut_texts)))
+        for c in meta["cuts"]:
+            toks = hf.convert_ids_to_tokens(c["ids"])
+            c["bytes_hex"] = bytes(_BYTE_DECODER[ch] for p in toks for ch in p).hex()
+        (d / "expected.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+
+    # (3) SentencePiece BPE with byte fallback, like Llama / Mixtral.
+    d = TOKENIZER_FIXTURES / "llama_spm"
+    d.mkdir()
+    import io
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TOKENIZER_CORPUS * 3), model_writer=model, model_type="bpe", vocab_size=600,
+        byte_fallback=True, character_coverage=0.98, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, add_dummy_prefix=True, split_digits=True,
+        allow_whitespace_only_pieces=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        num_threads=1, minloglevel=2, hard_vocab_limit=False)
+    (d / "tokenizer.model").write_bytes(model.getvalue())
+    slow_cfg = dict(add_bos_token=True, add_eos_token=False, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                    clean_up_tokenization_spaces=False, legacy=False, tokenizer_class="LlamaTokenizer",
+                    model_max_length=4096)
+    (d / "tokenizer_config.json").write_text(json.dumps(slow_cfg, indent=2, sort_keys=True) + "\n")
+    hf = LlamaTokenizer.from_pretrained(str(d))
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    cut_ids = []
+    for t in cut_texts:
+        ids = hf(t, add_special_tokens=False)["input_ids"]
+        cut_ids += [ids[:n] for n in range(1, len(ids)) if any(sp.IsByte(i) for i in ids[:n])][:3]
+    meta = dict(kind="sentencepiece", file="tokenizer.model", versions=versions, vocab_size=len(hf),
+                add_bos=True, add_eos=False,
+                description="SentencePiece BPE (byte_fallback, identity normalisation, dummy prefix) trained by "
+                            "scripts/make_fixtures.py; ids/decodes from transformers LlamaTokenizer")
+    meta.update(_tok_cases(hf, TOKENIZER_TEST_STRINGS, cut_ids))
+    for c in meta["cuts"]:
+        c["bytes_hex"] = None
+    (d / "expected.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+    (TOKENIZER_FIXTURES / "README.md").write_text(
+        "# Tokenizer fixtures\n\nMade by `python3 scripts/make_fixtures.py tokenizers` (deterministic). Each folder\n"
+        "holds a tiny tokenizer trained on TOKENIZER_CORPUS and expected.json: for every test string the ids\n"
+        "transformers gives (add_special_tokens True/False) and its decode() of them (skip_special_tokens\n"
+        "True/False, clean_up_tokenization_spaces False), plus id sequences that cut a multi-byte character.\n\n"
+        "- qwen2_bpe: NFC + Split(Qwen2 regex) + ByteLevel, TemplateProcessing [<|endoftext|>, $A]\n"
+        "- gpt2_bpe: ByteLevel(use_regex) pre-tokeniser and post-processor\n"
+        "- llama_spm: SentencePiece BPE with byte fallback (tokenizer.model + tokenizer_config.json)\n\n"
+        f"Versions: {json.dumps(versions, sort_keys=True)}\n")
+    total = sum(p.stat().st_size for p in TOKENIZER_FIXTURES.rglob("*") if p.is_file())
+    print(f"tokenizer fixtures: {total / 1e3:.1f} KB")
+
+
 def main(argv: list[str]) -> None:
     torch.set_grad_enabled(False)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
+    if "tokenizers" in argv or not argv:
+        make_tokenizer_fixtures()
+        if argv:
+            argv = [a for a in argv if a != "tokenizers"]
+            if not argv:
+                return
     names = argv or list(FIXTURE_SPECS) + list(FAMILY_FIXTURE_SPECS)
     unknown = [n for n in names if n not in FIXTURE_SPECS and n not in FAMILY_FIXTURE_SPECS]
     if unknown:

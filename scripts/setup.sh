@@ -7,6 +7,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential g++ cmake ninja-build pkg-config git
   libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libxxhash-dev
+  libpcre2-dev libutf8proc-dev libsentencepiece-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libomp-dev clang libclang-rt-14-dev
   openmpi-bin libopenmpi-dev libucx-dev ucx-utils
