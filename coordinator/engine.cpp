@@ -514,6 +514,9 @@ void Engine::validate(const std::vector<Request>& reqs) const {
       throw Error(Status::InvalidArgument, who + ": " + std::to_string(r.prompt.size()) + " prompt tokens + " +
                                                std::to_string(r.max_new_tokens) + " new tokens exceed the context of " +
                                                std::to_string(max_ctx_) + " positions");
+    for (int32_t id : r.stop_ids)
+      if (id < 0 || id >= c.vocab_size)
+        throw Error(Status::InvalidArgument, who + ": stop token id " + std::to_string(id) + " is outside the vocabulary");
     validate_sampling(r.sampling, c.vocab_size);
   }
 }
@@ -552,12 +555,17 @@ std::vector<SequenceOutput> Engine::generate(const std::vector<Request>& reqs, c
     int32_t t = sampler_.sample(lg, r.sampling, rngs[static_cast<size_t>(s)]);
     o.tokens.push_back(t);
     int64_t p = len[static_cast<size_t>(s)]++;
-    if (!r.ignore_eos && t == c.eos_token_id) {
+    if (!r.ignore_eos &&
+        (t == c.eos_token_id || std::find(r.stop_ids.begin(), r.stop_ids.end(), t) != r.stop_ids.end())) {
       done[static_cast<size_t>(s)] = 1;
       o.finish_reason = "eos";
     } else if (static_cast<int32_t>(o.tokens.size()) >= r.max_new_tokens) {
       done[static_cast<size_t>(s)] = 1;
       o.finish_reason = "length";
+    }
+    if (opts.stop && opts.stop(static_cast<int>(s), t) && o.finish_reason != "eos") {
+      done[static_cast<size_t>(s)] = 1;
+      o.finish_reason = "stop";
     }
     if (opts.on_token && !opts.on_token(static_cast<int>(s), static_cast<int>(p), t)) {
       st.cancelled = true;

@@ -36,6 +36,9 @@ struct Request {
   int32_t max_new_tokens = 16;
   SamplingParams sampling;
   bool ignore_eos = false;
+  // More ids that end this sequence as the config's eos_token_id does
+  // (finish_reason "eos"), unless ignore_eos: e.g. generation_config.json's list.
+  std::vector<int32_t> stop_ids;
 };
 
 struct SequenceOutput {
@@ -43,13 +46,17 @@ struct SequenceOutput {
   // With record_logits: [prompt_len + tokens.size() - 1][vocab] row p holds the
   // logits after position p (the last prompt row predicts the first new token).
   std::vector<float> logits;
-  std::string finish_reason;  // "length", "eos", "cancelled" or "interrupted"
+  std::string finish_reason;  // "length", "eos", "stop", "cancelled" or "interrupted"
 };
 
 struct GenerateOptions {
   bool record_logits = false;
   // Called after each new token; return false to stop the whole call.
   std::function<bool(int seq, int pos, int32_t token)> on_token;
+  // Called after each new token, before on_token; return true to end that
+  // sequence alone (finish_reason "stop", unless the token was its EOS), e.g.
+  // when its text now holds a stop string.
+  std::function<bool(int seq, int32_t token)> stop;
   // Polled before every forward pass; non-zero (e.g. a signal number) stops the
   // call, keeping what was generated (finish_reason "interrupted").
   const std::atomic<int>* interrupt = nullptr;

@@ -94,6 +94,47 @@ COLIBRI_API colibri_status colibri_generate(colibri_model* model, const int32_t*
                                             colibri_token_callback callback, void* user_data,
                                             int32_t* out_tokens, int32_t* out_counts);
 
+/* ---- Text, through the tokenizer embedded in the model file (docs/tokenizer.md).
+ * A model converted without one answers COLIBRI_ERR_INVALID_ARGUMENT.
+ * Buffers: the count needed is always stored (*n_ids, *length); when the buffer
+ * is too small nothing is written and the call fails with
+ * COLIBRI_ERR_INVALID_ARGUMENT, except for a size query (NULL buffer and
+ * capacity 0), which returns COLIBRI_OK. */
+
+/* UTF-8 text (NUL-terminated) -> token ids. add_special non-zero: add the
+ * tokens the tokenizer adds around a sequence (BOS...), as transformers'
+ * add_special_tokens=True. */
+COLIBRI_API colibri_status colibri_encode(colibri_model* model, const char* text, int32_t add_special,
+                                          int32_t* ids, size_t capacity, size_t* n_ids);
+
+/* Token ids -> text, NUL-terminated in buf (capacity must hold *length + 1
+ * bytes). skip_special non-zero: leave out special tokens (BOS, EOS...). An
+ * id range that cuts a UTF-8 character yields its bytes as they are. */
+COLIBRI_API colibri_status colibri_decode(colibri_model* model, const int32_t* ids, size_t n_ids,
+                                          int32_t skip_special, char* buf, size_t capacity,
+                                          size_t* length);
+
+/* Called with each sequence's text as it is generated: `text` (`length` bytes,
+ * valid UTF-8, NUL-terminated) is the new text since the last call, and
+ * finish_reason is NULL until the sequence's last call, where it is "eos",
+ * "stop" (a stop string appeared; neither it nor what follows is passed),
+ * "length", "cancelled" or "interrupted". Return non-zero to stop the whole
+ * call (it then returns COLIBRI_ERR_CANCELLED). */
+typedef int (*colibri_text_callback)(void* user_data, int32_t sequence, const char* text, size_t length,
+                                     const char* finish_reason);
+
+/* Encodes each prompt (UTF-8, NUL-terminated; add_special as colibri_encode),
+ * generates up to sampling->max_new_tokens per sequence, stopping at the
+ * model's end-of-sequence ids (unless ignore_eos) and at any of the n_stop
+ * stop strings, and streams the text (special tokens skipped) to callback
+ * (which may be NULL). out_counts: [n_sequences] tokens generated (or NULL). */
+COLIBRI_API colibri_status colibri_generate_text(colibri_model* model, const char* const* prompts,
+                                                 int32_t n_sequences, int32_t add_special,
+                                                 const colibri_sampling* sampling,
+                                                 const char* const* stop, int32_t n_stop,
+                                                 colibri_text_callback callback, void* user_data,
+                                                 int32_t* out_counts);
+
 COLIBRI_API void colibri_free(colibri_model* model);
 
 /* A short fixed description of a status. */

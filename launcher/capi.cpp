@@ -14,11 +14,18 @@
 #include "kernels/cpu/kernels.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
+#include "model/text.h"
 
 struct colibri_model {
   std::shared_ptr<const colibri::ColibriFile> file;
   std::unique_ptr<colibri::Communicator> comm;
   std::unique_ptr<colibri::Engine> engine;
+  std::unique_ptr<colibri::Tokenizer> tok;  // loaded on first use
+
+  const colibri::Tokenizer& tokenizer() {
+    if (!tok) tok = colibri::open_tokenizer(*file);
+    return *tok;
+  }
 };
 
 namespace {
@@ -159,6 +166,7 @@ colibri_status colibri_generate(colibri_model* model, const int32_t* const* prom
     for (size_t i = 0; i < reqs.size(); ++i) {
       reqs[i].max_new_tokens = s.max_new_tokens;
       reqs[i].ignore_eos = s.ignore_eos != 0;
+      reqs[i].stop_ids = colibri::eos_token_ids(model->file->config());
       reqs[i].sampling = {s.temperature, s.top_k, s.top_p, s.seed + i};
     }
     colibri::GenerateOptions go;
@@ -176,6 +184,102 @@ colibri_status colibri_generate(colibri_model* model, const int32_t* const* prom
   });
   if (st == COLIBRI_OK && cancelled) {
     g_last_error = "generation stopped by the token callback";
+    return COLIBRI_ERR_CANCELLED;
+  }
+  return st;
+}
+
+colibri_status colibri_encode(colibri_model* model, const char* text, int32_t add_special, int32_t* ids,
+                              size_t capacity, size_t* n_ids) {
+  return guarded([&] {
+    check_arg(model != nullptr && text != nullptr && n_ids != nullptr, "model, text and n_ids must not be NULL");
+    auto v = model->tokenizer().encode(text, add_special != 0);
+    *n_ids = v.size();
+    if (ids == nullptr && capacity == 0) return;  // size query
+    check_arg(ids != nullptr, "ids must not be NULL when capacity > 0");
+    if (capacity < v.size())
+      throw colibri::Error(colibri::Status::InvalidArgument, "the ids buffer holds " + std::to_string(capacity) +
+                                                                 " ids; the text needs " + std::to_string(v.size()));
+    std::memcpy(ids, v.data(), v.size() * sizeof(int32_t));
+  });
+}
+
+colibri_status colibri_decode(colibri_model* model, const int32_t* ids, size_t n_ids, int32_t skip_special, char* buf,
+                              size_t capacity, size_t* length) {
+  return guarded([&] {
+    check_arg(model != nullptr && length != nullptr, "model and length must not be NULL");
+    check_arg(ids != nullptr || n_ids == 0, "ids must not be NULL when n_ids > 0");
+    const std::string t = model->tokenizer().decode(ids, n_ids, skip_special != 0);
+    *length = t.size();
+    if (buf == nullptr && capacity == 0) return;  // size query
+    check_arg(buf != nullptr, "buf must not be NULL when capacity > 0");
+    if (capacity < t.size() + 1)
+      throw colibri::Error(colibri::Status::InvalidArgument, "the text buffer holds " + std::to_string(capacity) +
+                                                                 " bytes; the text needs " + std::to_string(t.size() + 1) +
+                                                                 " (with its NUL)");
+    std::memcpy(buf, t.data(), t.size());
+    buf[t.size()] = '\0';
+  });
+}
+
+colibri_status colibri_generate_text(colibri_model* model, const char* const* prompts, int32_t n_sequences,
+                                     int32_t add_special, const colibri_sampling* sampling, const char* const* stop,
+                                     int32_t n_stop, colibri_text_callback callback, void* user_data,
+                                     int32_t* out_counts) {
+  bool cancelled = false;
+  colibri_status st = guarded([&] {
+    check_arg(model != nullptr, "model must not be NULL");
+    check_arg(prompts != nullptr && n_sequences > 0, "prompts must not be NULL and n_sequences must be > 0");
+    check_arg(n_stop >= 0 && (n_stop == 0 || stop != nullptr), "stop must hold n_stop strings");
+    std::vector<std::string> stops;
+    for (int32_t i = 0; i < n_stop; ++i) {
+      check_arg(stop[i] != nullptr && stop[i][0] != '\0', "a stop string is NULL or empty");
+      stops.emplace_back(stop[i]);
+    }
+    const colibri::Tokenizer& tok = model->tokenizer();
+    colibri_sampling s = sampling ? *sampling : colibri_default_sampling();
+    const auto eos = colibri::eos_token_ids(model->file->config());
+    std::vector<colibri::Request> reqs(static_cast<size_t>(n_sequences));
+    std::vector<std::unique_ptr<colibri::StopTextStream>> streams;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      check_arg(prompts[i] != nullptr, "a prompt is NULL");
+      reqs[i].prompt = tok.encode(prompts[i], add_special != 0);
+      reqs[i].max_new_tokens = s.max_new_tokens;
+      reqs[i].ignore_eos = s.ignore_eos != 0;
+      reqs[i].stop_ids = eos;
+      reqs[i].sampling = {s.temperature, s.top_k, s.top_p, s.seed + i};
+      streams.push_back(std::make_unique<colibri::StopTextStream>(tok, stops));
+    }
+    std::vector<int32_t> counts(reqs.size(), 0);
+    std::vector<uint8_t> finished(reqs.size(), 0);
+    bool stop_all = false;
+    auto emit = [&](size_t i, const std::string& text, const char* reason) {
+      if (reason) finished[i] = 1;
+      if (!callback || (text.empty() && !reason)) return;
+      if (callback(user_data, static_cast<int32_t>(i), text.c_str(), text.size(), reason) != 0) stop_all = true;
+    };
+    colibri::GenerateOptions go;
+    go.stop = [&](int seq, int32_t t) {
+      const size_t i = static_cast<size_t>(seq);
+      colibri::StopTextStream& ts = *streams[i];
+      std::string piece = ts.push(t);
+      const bool is_eos = !reqs[i].ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end();
+      const char* reason = is_eos ? "eos" : ts.stopped() ? "stop" : ++counts[i] >= reqs[i].max_new_tokens ? "length" : nullptr;
+      if (reason) piece += ts.finish();
+      emit(i, piece, reason);
+      return ts.stopped();
+    };
+    go.on_token = [&](int, int, int32_t) { return !stop_all; };
+    colibri::GenerateStats gs;
+    auto out = model->engine->generate(reqs, go, &gs);
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!finished[i] && !stop_all) emit(i, streams[i]->finish(), out[i].finish_reason.c_str());
+      if (out_counts) out_counts[i] = static_cast<int32_t>(out[i].tokens.size());
+    }
+    cancelled = gs.cancelled;
+  });
+  if (st == COLIBRI_OK && cancelled) {
+    g_last_error = "generation stopped by the text callback";
     return COLIBRI_ERR_CANCELLED;
   }
   return st;

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -31,6 +32,7 @@
 #include "launcher/commands.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
+#include "model/text.h"
 
 namespace colibri::cli {
 
@@ -579,7 +581,7 @@ int bench_model(const cxxopts::ParseResult& r) {
   std::printf("\nachieved weight bandwidth (median): %s/step x %.2f steps/s = %.2f GB/s\n", human_bytes(wstep).c_str(),
               msps.median > 0 ? 1000.0 / msps.median : 0.0, gbps.median);
   std::printf("prefill matrix products (attention, router, dense/shared FFNs, experts, LM head): median %.1f GFLOP/s "
-              "(min %.1f, max %.1f), %.1f GFLOP per prefill; compare --peak-flops (quantised experts' products are not counted)\n",
+              "(min %.1f, max %.1f), %.1f GFLOP per prefill; compare --peak-flops (quantised products are not counted)\n",
               pgemm.median, pgemm.min, pgemm.max, res.empty() ? 0.0 : res.front().prefill_gemm_flops / 1e9);
   noise.print();
   return 0;
@@ -939,6 +941,89 @@ int bench_flops(const cxxopts::ParseResult& r) {
   return 0;
 }
 
+// A deterministic mixed text of about `bytes` bytes: English prose, code,
+// numbers, punctuation and whitespace runs, Cyrillic, CJK and emoji.
+std::string synthetic_text(size_t bytes) {
+  static const char* const parts[] = {
+      "The quick brown fox jumps over the lazy dog. ", "It was the best of times, it was the worst of times; ",
+      "for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }\n", "def tokenize(text):\n    return [t for t in text.split()]\n",
+      "3.14159 2718 1,000,000 0x7fff -42 ", "    \t  \n\n", "Привет, мир! Как дела? ", "日本語のテキストと中文文本。",
+      "emoji 🙂🚀👍🏽 ", "\"quoted\" (parens) [brackets] {braces} <tags/> ", "naïve café résumé Ünïcödé ",
+      "https://example.com/path?q=1&r=2 ", "ALLCAPS lowercase MixedCase snake_case camelCase ", "\n"};
+  const size_t np = sizeof parts / sizeof parts[0];
+  std::string t;
+  t.reserve(bytes + 64);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  while (t.size() < bytes) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+    t += parts[x % np];
+  }
+  return t;
+}
+
+// colibri bench --tokenizer --model F [--text-file T]: the embedded tokenizer's
+// encode and decode speed (MB/s of text, median of --reps) and tokens per byte.
+int bench_tokenizer(const cxxopts::ParseResult& r) {
+  if (!r.count("model")) bad_arg("--tokenizer needs --model FILE (a .colibri file with an embedded tokenizer)");
+  const int64_t reps = r.count("reps") ? r["reps"].as<int64_t>() : 5;
+  if (reps < 1 || reps > 1000) bad_arg("--reps must be in [1, 1000]");
+  const bool as_json = r.count("json") > 0;
+  ColibriFile::Options fo;
+  fo.verify_dense = false;
+  auto file = ColibriFile::open(r["model"].as<std::string>(), fo);
+  auto tok = open_tokenizer(*file);
+  std::string text, source = "synthetic";
+  if (r.count("text-file")) {
+    source = r["text-file"].as<std::string>();
+    std::ifstream in(source, std::ios::binary);
+    if (!in) throw Error(Status::Io, "cannot read --text-file '" + source + "'");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (text.empty()) bad_arg("--text-file '" + source + "' is empty");
+  } else {
+    text = synthetic_text(4u << 20);
+  }
+  using clock = std::chrono::steady_clock;
+  std::vector<double> enc_mbs, dec_mbs, enc_tps;
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < reps; ++i) {
+    auto t0 = clock::now();
+    ids = tok->encode(text, false);
+    auto t1 = clock::now();
+    const std::string back = tok->decode(ids, false);
+    auto t2 = clock::now();
+    const double es = std::chrono::duration<double>(t1 - t0).count(), ds = std::chrono::duration<double>(t2 - t1).count();
+    enc_mbs.push_back(text.size() / 1e6 / std::max(es, 1e-9));
+    dec_mbs.push_back(back.size() / 1e6 / std::max(ds, 1e-9));
+    enc_tps.push_back(ids.size() / std::max(es, 1e-9));
+  }
+  const Summary e = summarize(enc_mbs), d = summarize(dec_mbs), tps = summarize(enc_tps);
+  const double tpb = static_cast<double>(ids.size()) / static_cast<double>(text.size());
+  const TokenizerSpec& ts = file->config().tokenizer;
+  if (as_json) {
+    json out = {{"mode", "tokenizer"},
+                {"model", file->path()},
+                {"kind", ts.kind},
+                {"tokenizer_vocab", ts.vocab_size},
+                {"text", source},
+                {"text_bytes", text.size()},
+                {"tokens", ids.size()},
+                {"tokens_per_byte", tpb},
+                {"reps", reps},
+                {"encode_mb_per_s", to_json(e)},
+                {"decode_mb_per_s", to_json(d)},
+                {"encode_tokens_per_s", to_json(tps)}};
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    std::printf("tokenizer %s (%lld ids) of %s; text: %s, %zu bytes -> %zu tokens (%.3f tokens/byte), %lld reps\n",
+                ts.kind.c_str(), (long long)ts.vocab_size, file->path().c_str(), source.c_str(), text.size(), ids.size(),
+                tpb, (long long)reps);
+    std::printf("encode   %8.2f MB/s median (min %.2f, max %.2f) = %.0f tokens/s\n", e.median, e.min, e.max, tps.median);
+    std::printf("decode   %8.2f MB/s median (min %.2f, max %.2f)\n", d.median, d.min, d.max);
+    std::printf("compare: encode's tokens/s with the prefill tokens/s of `colibri bench --model` (one thread here)\n");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -946,10 +1031,13 @@ int cmd_bench(int argc, char** argv) {
                      "Measure generation speed, memory bandwidth or peak FMA throughput (docs/benchmarks.md).\n"
                      "  colibri bench --model FILE [--batch B --prompt-len P --new-tokens N --reps R --warmup W]\n"
                      "  colibri bench --memory-bandwidth [--size-mb M --reps R]\n"
-                     "  colibri bench --peak-flops [--reps R]");
+                     "  colibri bench --peak-flops [--reps R]\n"
+                     "  colibri bench --tokenizer --model FILE [--text-file T --reps R]");
   o.add_options()("m,model", ".colibri model file to benchmark", cxxopts::value<std::string>())(
       "memory-bandwidth", "STREAM-style memory bandwidth (Copy, Scale, Add, Triad, Sum) instead of a model")(
       "peak-flops", "f32 FMA throughput per ISA (AVX2+FMA, AVX-512F) instead of a model")(
+      "tokenizer", "Encode/decode speed of the model's embedded tokenizer instead of generation")(
+      "text-file", "--tokenizer: the text to encode (default: a built-in 4 MiB mixed text)", cxxopts::value<std::string>())(
       "t,threads", "Compute threads; 0 = all cores (default 0)", cxxopts::value<int64_t>())(
       "reps", "Timed repetitions (default: model 3, memory 10, flops 3)", cxxopts::value<int64_t>())(
       "json", "Print one JSON object with the configuration and every measurement");
@@ -980,6 +1068,11 @@ int cmd_bench(int argc, char** argv) {
                               (mem ? "--memory-bandwidth" : "--peak-flops"));
   }
   if (r.count("size-mb") && !mem) bad_arg("--size-mb applies to --memory-bandwidth only");
+  if (r.count("text-file") && !r.count("tokenizer")) bad_arg("--text-file applies to --tokenizer only");
+  if (r.count("tokenizer")) {
+    if (mem || flops) bad_arg("give one of --tokenizer, --memory-bandwidth and --peak-flops");
+    return bench_tokenizer(r);
+  }
   if (mem) return bench_memory(r);
   if (flops) return bench_flops(r);
   return bench_model(r);

@@ -1,5 +1,6 @@
 // cmd_convert.cpp: colibri convert HF_DIR OUT.colibri [--dtype f32|bf16|f16]
 //                  [--quantize-experts int8|int4] [--quantize-dense int8|int4] [--group-size 16|32|64|128]
+//                  [--no-tokenizer]
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -25,7 +26,8 @@ int cmd_convert(int argc, char** argv) {
       "quantize-dense", "Store the dense matrices of the attention, dense and shared-expert FFNs and the LM head as "
       "int8 or int4 the same way (embedding table and routers stay in --dtype)", cxxopts::value<std::string>())(
       "group-size", "Inputs per quantisation group, for both options: 16, 32, 64 or 128 (must divide every "
-      "quantised matrix's input width)", cxxopts::value<std::string>()->default_value("32"));
+      "quantised matrix's input width)", cxxopts::value<std::string>()->default_value("32"))(
+      "no-tokenizer", "Do not embed the checkpoint's tokenizer (tokenizer.json or tokenizer.model)");
   add_common_options(o);
   o.parse_positional({"input", "output"});
   o.positional_help("HF_DIR OUT.colibri");
@@ -64,6 +66,7 @@ int cmd_convert(int argc, char** argv) {
       throw Error(Status::InvalidArgument, "--group-size needs --quantize-experts or --quantize-dense");
     co.group_size = v;
   }
+  co.tokenizer = r.count("no-tokenizer") == 0;
   Progress prog("convert");
   co.progress = [&](uint64_t d, uint64_t t, const std::string&) { prog.update(d, t); };
   install_stop_handlers();
@@ -89,6 +92,9 @@ int cmd_convert(int argc, char** argv) {
   if (res.dense_quant != QuantType::None)
     experts_as += std::string(", ") + std::to_string(res.dense_quantised) + " dense matrices " +
                   quant_type_name(res.dense_quant) + " group " + std::to_string(res.group_size);
+  if (!res.tokenizer_kind.empty())
+    experts_as += ", tokenizer " + res.tokenizer_kind + " (" + std::to_string(res.tokenizer_vocab) + " ids, " +
+                  std::to_string(res.tokenizer_bytes) + " bytes)";
   spdlog::info("wrote {} ({} tensors, {} experts, {:.1f} MiB, {}{}) in {:.2f} s", r["output"].as<std::string>(), res.tensors,
                res.experts, res.bytes / 1048576.0, dtype_name(res.dtype), experts_as, s);
   return 0;

@@ -97,6 +97,25 @@ int cmd_inspect(int argc, char** argv) {
     if (verify) x["ok"] = ok;
     je.push_back(x);
   }
+  // The embedded tokenizer: its kind and ids from the config, its block here.
+  nlohmann::json jtok = nullptr;
+  if (const TensorView* tb = f->tokenizer_block()) {
+    const TokenizerSpec& ts = f->config().tokenizer;
+    bool ok = true;
+    if (verify) {
+      try {
+        f->verify_tensor(*tb);
+      } catch (const Error& e) {
+        ok = false;
+        ++bad;
+        failures.push_back(e.what());
+      }
+    }
+    jtok = {{"kind", ts.kind}, {"vocab_size", ts.vocab_size}, {"add_bos", ts.add_bos}, {"add_eos", ts.add_eos},
+            {"eos_token_ids", ts.eos_token_ids}, {"extra_special", ts.extra_special.size()},
+            {"offset", tb->offset}, {"size", tb->size}, {"checksum", hex64(tb->checksum)}};
+    if (verify) jtok["ok"] = ok;
+  }
 
   if (as_json) {
     nlohmann::json out = {
@@ -108,6 +127,7 @@ int cmd_inspect(int argc, char** argv) {
         {"expert_bytes", expert_bytes},
         {"tensors", jt},
         {"experts", je},
+        {"tokenizer", jtok},
     };
     if (verify) out["verified"] = {{"ok", bad == 0}, {"failures", failures}};
     std::printf("%s\n", out.dump(2).c_str());
@@ -157,6 +177,17 @@ int cmd_inspect(int argc, char** argv) {
                 c.rope_scaling.type == "yarn" ? (" YaRN x" + fmt_g(c.rope_scaling.factor)).c_str() : "",
                 (long long)c.max_position_embeddings, (long long)c.sliding_window, sliding, (long long)c.num_layers,
                 c.rms_norm_eps, c.tie_word_embeddings ? "yes" : "no");
+    if (const TensorView* tb = f->tokenizer_block()) {
+      const TokenizerSpec& ts = c.tokenizer;
+      std::string eos;
+      for (auto id : ts.eos_token_ids) eos += (eos.empty() ? "" : ",") + std::to_string(id);
+      std::printf("tokenizer   %s, vocab %lld, %llu bytes, add_bos %s, add_eos %s, eos ids [%s]%s\n", ts.kind.c_str(),
+                  (long long)ts.vocab_size, (unsigned long long)tb->size, ts.add_bos ? "yes" : "no",
+                  ts.add_eos ? "yes" : "no", eos.c_str(),
+                  ts.extra_special.empty() ? "" : (", " + std::to_string(ts.extra_special.size()) + " extra special").c_str());
+    } else {
+      std::printf("tokenizer   none (token ids only)\n");
+    }
     std::printf("\n%-32s %-8s %-16s %12s %12s %s\n", "tensor", "dtype", "shape", "offset", "bytes", "checksum");
     for (const auto& t : f->tensors())
       std::printf("%-32s %-8s %-16s %12llu %12llu %s\n", t.name.c_str(), tensor_storage(t).c_str(), shape_str(t.shape).c_str(),
@@ -169,8 +200,8 @@ int cmd_inspect(int argc, char** argv) {
                     (unsigned long long)e.offset, hex64(e.checksum).c_str());
     if (verify) {
       for (const auto& m : failures) std::printf("FAIL %s\n", m.c_str());
-      std::printf("verify: %s (%zu tensors, %zu expert blocks, %d mismatches)\n", bad ? "FAILED" : "ok",
-                  f->tensors().size(), f->experts().size(), bad);
+      std::printf("verify: %s (%zu tensors, %zu expert blocks%s, %d mismatches)\n", bad ? "FAILED" : "ok",
+                  f->tensors().size(), f->experts().size(), f->has_tokenizer() ? ", tokenizer" : "", bad);
     }
   }
   return bad ? exit_code(Status::Checksum) : 0;

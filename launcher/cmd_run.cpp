@@ -8,6 +8,8 @@
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <thread>
@@ -23,6 +25,7 @@
 #include "model/colibri_file.h"
 #include "model/error.h"
 #include "model/npy.h"
+#include "model/text.h"
 
 namespace colibri::cli {
 
@@ -53,7 +56,16 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 
 void add_generation_options(cxxopts::Options& o) {
   o.add_options()("m,model", ".colibri model file", cxxopts::value<std::string>())(
+      "prompt", "A text prompt, encoded with the model's embedded tokenizer; repeat for a batch",
+      cxxopts::value<std::vector<std::string>>())(
+      "prompt-file", "A file whose whole content is one text prompt; repeatable (after the --prompt ones)",
+      cxxopts::value<std::vector<std::string>>())(
       "p,prompt-ids", "Comma-separated token ids; repeat for a batch", cxxopts::value<std::vector<std::string>>())(
+      "stop", "Text prompts: end a sequence when its text contains this string (not printed); repeatable",
+      cxxopts::value<std::vector<std::string>>())(
+      "no-special", "Text prompts: encode without the special tokens the tokenizer adds (BOS...)")(
+      "show-special", "Text output: print special tokens (EOS...) instead of skipping them")(
+      "print-ids", "Text prompts: also print the 'sequence N: ids' lines after the text")(
       "n,max-new-tokens", "Tokens to generate per prompt", cxxopts::value<int32_t>()->default_value("16"))(
       "temperature", "Sampling temperature; 0 = greedy", cxxopts::value<float>()->default_value("0"))(
       "top-k", "Keep the k most likely tokens; 0 = off", cxxopts::value<int32_t>()->default_value("0"))(
@@ -88,6 +100,13 @@ void add_generation_options(cxxopts::Options& o) {
       "gpu", "NCCL backend: GPU of this rank; -1 = the local rank", cxxopts::value<int>()->default_value("-1"))(
       "comm-timeout", "Seconds a rank waits for a peer before failing", cxxopts::value<double>()->default_value("120"))(
       "inject-fault", "Testing aid: RANK:kill:N kills a worker at its N-th forward pass, rank 0 at its N-th token; RANK:kill:start at start-up", cxxopts::value<std::string>());
+}
+
+// "PREFIX TEXT\n" on stdout (the text may hold any byte).
+void print_text(const std::string& prefix, const std::string& text) {
+  std::string line = prefix + text + "\n";
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fflush(stdout);
 }
 
 uint64_t parse_bytes(const std::string& s) {
@@ -232,15 +251,50 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     }
 
     // ---- coordinator ----
-    if (!r.count("prompt-ids")) throw Error(Status::InvalidArgument, "at least one --prompt-ids is required");
+    // Text prompts (--prompt, then --prompt-file) go through the embedded
+    // tokenizer, and the output is text; --prompt-ids keeps the id lines.
+    std::vector<std::string> texts;
+    if (r.count("prompt")) texts = r["prompt"].as<std::vector<std::string>>();
+    if (r.count("prompt-file"))
+      for (const auto& fn : r["prompt-file"].as<std::vector<std::string>>()) {
+        std::ifstream in(fn, std::ios::binary);
+        if (!in) throw Error(Status::Io, "cannot read --prompt-file '" + fn + "'");
+        texts.emplace_back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      }
+    const bool text_mode = r.count("prompt") > 0 || r.count("prompt-file") > 0;
+    if (text_mode && r.count("prompt-ids"))
+      throw Error(Status::InvalidArgument, "give either text prompts (--prompt, --prompt-file) or --prompt-ids, not both");
+    if (!text_mode && !r.count("prompt-ids"))
+      throw Error(Status::InvalidArgument, "at least one --prompt, --prompt-file or --prompt-ids is required");
+    std::vector<std::string> stops;
+    if (r.count("stop")) stops = r["stop"].as<std::vector<std::string>>();
+    for (const auto& st : stops)
+      if (st.empty()) throw Error(Status::InvalidArgument, "--stop needs a non-empty string");
+    if (!stops.empty() && !text_mode)
+      throw Error(Status::InvalidArgument, "--stop works on text: give the prompts with --prompt or --prompt-file");
+    std::unique_ptr<Tokenizer> tok;
+    if (text_mode) tok = open_tokenizer(*file);
+    const std::vector<int32_t> eos_ids = eos_token_ids(cfg);
+    std::vector<std::vector<int32_t>> prompt_ids;
+    if (text_mode) {
+      const bool add_special = r.count("no-special") == 0;
+      for (size_t i = 0; i < texts.size(); ++i) {
+        prompt_ids.push_back(tok->encode(texts[i], add_special));
+        if (prompt_ids.back().empty())
+          throw Error(Status::InvalidArgument, "prompt " + std::to_string(i) + " encodes to no tokens");
+      }
+    } else {
+      for (const auto& s : r["prompt-ids"].as<std::vector<std::string>>()) prompt_ids.push_back(parse_ids(s));
+    }
     std::vector<Request> reqs;
     const int32_t max_new = r["max-new-tokens"].as<int32_t>();
     const uint64_t seed = r["seed"].as<uint64_t>();
-    for (const auto& s : r["prompt-ids"].as<std::vector<std::string>>()) {
+    for (auto& ids : prompt_ids) {
       Request q;
-      q.prompt = parse_ids(s);
+      q.prompt = std::move(ids);
       q.max_new_tokens = max_new;
       q.ignore_eos = r.count("ignore-eos") > 0;
+      q.stop_ids = eos_ids;
       q.sampling.temperature = r["temperature"].as<float>();
       q.sampling.top_k = r["top-k"].as<int32_t>();
       q.sampling.top_p = r["top-p"].as<float>();
@@ -282,23 +336,70 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
         return true;
       };
     }
+    // Text output: one sequence streams to stdout as it is generated; with
+    // several, each is printed ("[i] text") when it ends. The report goes to stderr.
+    std::vector<std::unique_ptr<StopTextStream>> streams;
+    std::vector<int32_t> counts(reqs.size(), 0);
+    std::vector<uint8_t> printed(reqs.size(), 0);
+    const bool stream_one = text_mode && reqs.size() == 1;
+    if (text_mode) {
+      for (size_t i = 0; i < reqs.size(); ++i)
+        streams.push_back(std::make_unique<StopTextStream>(*tok, stops, r.count("show-special") == 0));
+      go.stop = [&](int seq, int32_t t) {
+        StopTextStream& ts = *streams[static_cast<size_t>(seq)];
+        const std::string piece = ts.push(t);
+        const Request& q = reqs[static_cast<size_t>(seq)];
+        const bool ends = ts.stopped() || ++counts[static_cast<size_t>(seq)] >= q.max_new_tokens ||
+                          (!q.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), t) != eos_ids.end());
+        if (stream_one) {
+          std::string rest = piece + (ends ? ts.finish() : std::string());
+          if (!rest.empty()) {
+            std::fwrite(rest.data(), 1, rest.size(), stdout);
+            std::fflush(stdout);
+          }
+        } else if (ends) {
+          ts.finish();
+          print_text("[" + std::to_string(seq) + "] ", ts.text());
+          std::fflush(stdout);
+          printed[static_cast<size_t>(seq)] = 1;
+        }
+        return ts.stopped();
+      };
+    }
     GenerateStats st;
     auto out = engine.generate(reqs, go, &st);
     if (trace) trace->close();
 
     const int sig = st.interrupted;
-    for (size_t i = 0; i < out.size(); ++i) {
-      std::string ids;
-      for (size_t j = 0; j < out[i].tokens.size(); ++j) ids += (j ? "," : "") + std::to_string(out[i].tokens[j]);
-      std::printf("sequence %zu%s: %s\n", i, sig ? " (partial)" : "", ids.c_str());
+    FILE* rep = text_mode ? stderr : stdout;
+    if (text_mode) {
+      for (size_t i = 0; i < out.size(); ++i) {
+        StopTextStream& ts = *streams[i];
+        if (stream_one) {
+          const std::string rest = ts.finish();
+          std::fwrite(rest.data(), 1, rest.size(), stdout);
+          std::printf("\n");
+        } else if (!printed[i]) {
+          ts.finish();
+          print_text("[" + std::to_string(i) + "]" + (sig ? " (partial) " : " "), ts.text());
+        }
+        spdlog::info("sequence {}: {} prompt tokens, {} new tokens, finish_reason {}", i, reqs[i].prompt.size(),
+                     out[i].tokens.size(), out[i].finish_reason);
+      }
     }
-    if (sig) std::printf("interrupted by %s: the sequences above are partial\n", signal_name(sig));
+    if (!text_mode || r.count("print-ids"))
+      for (size_t i = 0; i < out.size(); ++i) {
+        std::string ids;
+        for (size_t j = 0; j < out[i].tokens.size(); ++j) ids += (j ? "," : "") + std::to_string(out[i].tokens[j]);
+        std::printf("sequence %zu%s: %s\n", i, sig ? " (partial)" : "", ids.c_str());
+      }
+    if (sig) std::fprintf(rep, "interrupted by %s: the sequences above are partial\n", signal_name(sig));
     // NOTE: stdout to a file is fully buffered; flush now, so a SIGKILL while
     // stopping the workers (mpirun's, 1 s after its SIGTERM) cannot lose the tokens.
     std::fflush(stdout);
-    std::printf("prefill: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)st.prefill_tokens, st.prefill_seconds,
+    std::fprintf(rep, "prefill: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)st.prefill_tokens, st.prefill_seconds,
                 st.prefill_seconds > 0 ? st.prefill_tokens / st.prefill_seconds : 0.0);
-    std::printf("decode: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)st.decode_tokens, st.decode_seconds,
+    std::fprintf(rep, "decode: %lld tokens in %.3f s (%.1f tokens/s)\n", (long long)st.decode_tokens, st.decode_seconds,
                 st.decode_seconds > 0 ? st.decode_tokens / st.decode_seconds : 0.0);
 
     // Every rank's expert cache and traffic.
@@ -321,11 +422,11 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       cluster::send_op(*comm, cluster::Op::Report);
       reports = cluster::gather_reports(*comm, mine);
     }
-    std::printf("%-5s %-8s %7s %8s %8s %9s %9s %10s %11s %11s %9s\n", "rank", "policy", "experts", "slots", "hits",
+    std::fprintf(rep, "%-5s %-8s %7s %8s %8s %9s %9s %10s %11s %11s %9s\n", "rank", "policy", "experts", "slots", "hits",
                 "misses", "hit rate", "loaded MiB", "evictions", "rows served", "RSS MiB");
     for (const auto& rr : reports) {
       uint64_t acc = rr.hits + rr.misses;
-      std::printf("%-5d %-8s %7d %8llu %8llu %9llu %8.1f%% %10.1f %11llu %11llu %9.1f\n", rr.rank,
+      std::fprintf(rep, "%-5d %-8s %7d %8llu %8llu %9llu %8.1f%% %10.1f %11llu %11llu %9.1f\n", rr.rank,
                   rr.experts_owned ? rr.policy : "-", rr.experts_owned, (unsigned long long)rr.cache_slots,
                   (unsigned long long)rr.hits, (unsigned long long)rr.misses, acc ? 100.0 * rr.hits / acc : 0.0,
                   rr.bytes_loaded / 1048576.0, (unsigned long long)rr.evictions, (unsigned long long)rr.rows_served,
@@ -337,7 +438,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       const auto& ds = engine.dispatch_stats();
       const uint64_t row_bytes = static_cast<uint64_t>(cfg.hidden_size) * sizeof(float);
       const uint64_t tokens = static_cast<uint64_t>(st.prefill_tokens + st.decode_tokens);
-      std::printf("exchange: %llu forward passes, %llu tokens, %llu (token, expert) rows to other ranks = %llu row bytes, "
+      std::fprintf(rep, "exchange: %llu forward passes, %llu tokens, %llu (token, expert) rows to other ranks = %llu row bytes, "
                   "%llu count bytes, %llu bytes sent in all (%.1f KiB per token)\n",
                   (unsigned long long)(ds.layers / std::max<int64_t>(1, cfg.num_moe_layers())), (unsigned long long)tokens,
                   (unsigned long long)ds.rows_remote, (unsigned long long)(ds.rows_remote * row_bytes),

@@ -109,6 +109,7 @@ QuantType dense_storage(const ModelConfig& c, const TensorSpec& s) {
 }
 
 uint64_t ColibriWriter::DenseTensor::bytes() const {
+  if (raw) return static_cast<uint64_t>(shape.at(0));
   if (quant != QuantType::None) return quant_matrix_layout(quant, shape.at(0), shape.at(1), group).size;
   uint64_t n = dtype_size(dtype);
   for (auto d : shape) n *= static_cast<uint64_t>(d);
@@ -233,6 +234,14 @@ void ColibriFile::verify_expert(const ExpertView& e) const {
   }
 }
 
+std::string_view ColibriFile::tokenizer_bytes() const {
+  if (!tokenizer_.data)
+    throw Error(Status::InvalidArgument, path() + " has no embedded tokenizer (convert the checkpoint again with its "
+                                                  "tokenizer.json or tokenizer.model next to config.json)");
+  verify_tensor(tokenizer_);
+  return {reinterpret_cast<const char*>(tokenizer_.data), static_cast<size_t>(tokenizer_.size)};
+}
+
 void ColibriFile::verify_tensor(const TensorView& t) const {
   uint64_t got = checksum64(t.data, t.size);
   if (got != t.checksum)
@@ -301,6 +310,28 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
     t.name = r.name;
     std::string what = "tensor '" + t.name + "'";
     if (!names.insert(t.name).second) bad(path, what + " appears twice");
+    if (r.dtype == kRawBytesDType || t.name == kTokenizerRecord) {
+      // The embedded tokenizer file: raw bytes [nbytes], named by the config.
+      if (t.name != kTokenizerRecord)
+        bad(path, what + " has dtype 18 (raw bytes); only the 'tokenizer' record may");
+      if (r.dtype != kRawBytesDType)
+        bad(path, "the 'tokenizer' record has dtype " + std::to_string(r.dtype) + ", expected 18 (raw bytes)");
+      if (!c.tokenizer.present()) bad(path, "the file has a 'tokenizer' record but its config has no 'tokenizer' object");
+      if (r.ndim != 1 || r.shape[0] < 1 || static_cast<uint64_t>(r.shape[0]) > kMaxTokenizerBytes)
+        bad(path, "the 'tokenizer' record must have shape [nbytes] with 1 <= nbytes <= 2^30");
+      if (r.size != static_cast<uint64_t>(r.shape[0]))
+        bad(path, "the 'tokenizer' record's size " + std::to_string(r.size) + " does not match its shape [" +
+                      std::to_string(r.shape[0]) + "]");
+      check_block(r.offset, r.size, "the tokenizer block");
+      t.dtype = DType::F32;  // NOTE: meaningless for raw bytes
+      t.shape = {r.shape[0]};
+      t.offset = r.offset;
+      t.size = r.size;
+      t.checksum = r.checksum;
+      t.data = base + r.offset;
+      f->tokenizer_ = std::move(t);
+      continue;
+    }
     const bool quantised = r.dtype == kExpertStorageInt8 || r.dtype == kExpertStorageInt4;
     if (!quantised && !dtype_valid(r.dtype)) bad(path, what + " has invalid dtype " + std::to_string(r.dtype));
     t.dtype = quantised ? DType::F32 : static_cast<DType>(r.dtype);
@@ -430,8 +461,13 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
     if (t.quant != QuantType::None &&
         std::none_of(specs.begin(), specs.end(), [&](const TensorSpec& s) { return s.name == t.name; }))
       bad(path, "tensor '" + t.name + "' is stored quantised but the config does not use it");
-  if (opts.verify_dense)
+  if (c.tokenizer.present() && !f->tokenizer_.data)
+    bad(path, "the config names a tokenizer (kind " + c.tokenizer.kind +
+                  ") but the tensor directory has no 'tokenizer' record");
+  if (opts.verify_dense) {
     for (const auto& t : f->tensors_) f->verify_tensor(t);
+    if (f->tokenizer_.data) f->verify_tensor(f->tokenizer_);
+  }
   return f;
 }
 
@@ -502,7 +538,10 @@ ColibriWriter::ColibriWriter(const std::string& path, const ModelConfig& config,
     std::memcpy(r.name, d.name.data(), d.name.size());
     if (d.quant != QuantType::None && (d.shape.size() != 2 || d.group <= 0 || d.shape[1] % d.group != 0))
       throw Error(Status::InvalidArgument, "quantised tensor " + d.name + " is not a matrix of whole groups");
-    r.dtype = d.quant != QuantType::None ? quant_storage_code(d.quant) : static_cast<uint32_t>(d.dtype);
+    if (d.raw && (d.shape.size() != 1 || d.shape[0] < 1 || d.name != kTokenizerRecord))
+      throw Error(Status::InvalidArgument, "raw block " + d.name + " must be the 'tokenizer' record of shape [nbytes]");
+    r.dtype = d.raw ? kRawBytesDType
+                    : d.quant != QuantType::None ? quant_storage_code(d.quant) : static_cast<uint32_t>(d.dtype);
     r.ndim = static_cast<uint32_t>(d.shape.size());
     for (size_t i = 0; i < d.shape.size(); ++i) r.shape[i] = d.shape[i];
     const uint64_t n = d.bytes();

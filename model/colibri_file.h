@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/config.h"
@@ -22,6 +23,12 @@ inline constexpr size_t kTensorRecordSize = 160;
 inline constexpr size_t kExpertRecordSize = 64;
 inline constexpr size_t kMaxTensorName = 95;    // plus a terminating NUL
 inline constexpr int kMaxDims = 4;
+// Tensor-directory dtype code of a block of raw bytes (shape [nbytes]): the
+// embedded tokenizer file (record kTokenizerRecord). 16 and 17 are the
+// quantised storage codes (model/quant.h).
+inline constexpr uint32_t kRawBytesDType = 18;
+inline constexpr char kTokenizerRecord[] = "tokenizer";
+inline constexpr uint64_t kMaxTokenizerBytes = uint64_t(1) << 30;
 
 // The fixed header at offset 0; all integers little-endian.
 struct FileHeader {
@@ -182,6 +189,14 @@ class ColibriFile {
   void verify_tensor(const TensorView& t) const;
   void prefetch(uint64_t offset, uint64_t size) const { file_.prefetch(offset, size); }
 
+  // The embedded tokenizer file (the "tokenizer" record, kind and options in
+  // config().tokenizer), or null when the file has none. Not in tensors().
+  const TensorView* tokenizer_block() const { return tokenizer_.data ? &tokenizer_ : nullptr; }
+  bool has_tokenizer() const { return tokenizer_.data != nullptr; }
+  // The tokenizer file's bytes after checking their checksum (Error(Checksum));
+  // throws Error(InvalidArgument) when the file has no tokenizer.
+  std::string_view tokenizer_bytes() const;
+
  private:
   ColibriFile() = default;
   MappedFile file_;
@@ -189,6 +204,7 @@ class ColibriFile {
   ModelConfig config_;
   std::vector<TensorView> tensors_;
   std::vector<ExpertView> experts_;  // [layer * num_experts + expert]
+  TensorView tokenizer_;             // data null: none
 };
 
 // Streaming writer: offsets are planned up front, tensors and experts are
@@ -204,6 +220,8 @@ class ColibriWriter {
     // Quantised (`dtype` then unused): codes and scales as quant_matrix_layout says.
     QuantType quant = QuantType::None;
     int64_t group = 0;
+    // Raw bytes (`dtype` unused; shape [nbytes]): the embedded tokenizer file.
+    bool raw = false;
     uint64_t bytes() const;  // stored size
   };
   ColibriWriter(const std::string& path, const ModelConfig& config, const std::vector<DenseTensor>& dense,

@@ -452,6 +452,16 @@ json ModelConfig::to_json() const {
     j["expert_quant"] = json{{"type", expert_quant.type}, {"group_size", expert_quant.group_size}};
   if (dense_quant.type != "none")
     j["dense_quant"] = json{{"type", dense_quant.type}, {"group_size", dense_quant.group_size}};
+  if (tokenizer.present()) {
+    json extra = json::array();
+    for (const auto& [id, content] : tokenizer.extra_special) extra.push_back(json{{"id", id}, {"content", content}});
+    j["tokenizer"] = json{{"kind", tokenizer.kind},
+                          {"vocab_size", tokenizer.vocab_size},
+                          {"add_bos", tokenizer.add_bos},
+                          {"add_eos", tokenizer.add_eos},
+                          {"eos_token_ids", tokenizer.eos_token_ids},
+                          {"extra_special", extra}};
+  }
   return j;
 }
 
@@ -545,6 +555,26 @@ ModelConfig ModelConfig::from_json(const json& j) {
     const auto& q = j[key];
     spec->type = get_required<std::string>(q, "type", what);
     spec->group_size = get_required<int64_t>(q, "group_size", what);
+  }
+  if (j.contains("tokenizer")) {
+    if (!j["tokenizer"].is_object()) throw Error(Status::Format, "model config: 'tokenizer' is not an object");
+    const auto& t = j["tokenizer"];
+    c.tokenizer.kind = get_required<std::string>(t, "kind", what);
+    c.tokenizer.vocab_size = get_required<int64_t>(t, "vocab_size", what);
+    c.tokenizer.add_bos = get_required<bool>(t, "add_bos", what);
+    c.tokenizer.add_eos = get_required<bool>(t, "add_eos", what);
+    c.tokenizer.eos_token_ids = get_int_list(t, "eos_token_ids", what, 1024);
+    if (t.contains("extra_special")) {
+      const auto& x = t["extra_special"];
+      if (!x.is_array()) throw Error(Status::Format, "model config: 'tokenizer.extra_special' is not an array");
+      if (x.size() > 65536)
+        throw Error(Status::Format, "model config: 'tokenizer.extra_special' has " + std::to_string(x.size()) +
+                                        " entries, more than 65536");
+      for (const auto& e : x) {
+        if (!e.is_object()) throw Error(Status::Format, "model config: a 'tokenizer.extra_special' entry is not an object");
+        c.tokenizer.extra_special.emplace_back(get_required<int64_t>(e, "id", what), get_required<std::string>(e, "content", what));
+      }
+    }
   }
   // NOTE: bounded before validate() so a hostile file cannot make us allocate GBs.
   if (j.contains("layer_windows")) c.layer_windows = get_int_list(j, "layer_windows", what, 4096);
@@ -665,6 +695,19 @@ void ModelConfig::validate() const {
           "dense_quant.group_size " + std::to_string(g) + " is not supported (supported: 16, 32, 64, 128)");
   } else {
     check(dense_quant.group_size == 0, "dense_quant.group_size must be 0 without quantisation");
+  }
+  if (tokenizer.present()) {
+    one_of(tokenizer.kind, {"hf_json", "sentencepiece"}, "tokenizer.kind");
+    in_range(tokenizer.vocab_size, 1, vocab_size, "tokenizer.vocab_size");
+    check(tokenizer.eos_token_ids.size() <= 1024, "tokenizer.eos_token_ids has more than 1024 entries");
+    for (int64_t id : tokenizer.eos_token_ids) in_range(id, 0, vocab_size - 1, "tokenizer.eos_token_ids[i]");
+    for (const auto& [id, content] : tokenizer.extra_special) {
+      in_range(id, 0, vocab_size - 1, "tokenizer.extra_special[i].id");
+      check(!content.empty() && content.size() <= 1024, "tokenizer.extra_special content must be 1 to 1024 bytes");
+    }
+  } else {
+    check(tokenizer.eos_token_ids.empty() && tokenizer.extra_special.empty() && tokenizer.vocab_size == 0,
+          "tokenizer fields without tokenizer.kind");
   }
 }
 

@@ -40,6 +40,22 @@ struct RopeScaling {
   double attention_factor = 1.0;  // multiplies cos and sin (derived at conversion)
 };
 
+// The checkpoint's tokenizer, when the file embeds one (the "tokenizer" record
+// of the tensor directory holds its file; docs/format.md, docs/tokenizer.md).
+// Optional in the embedded JSON ("tokenizer" object), written only when `kind`
+// is set, so files without a tokenizer stay byte for byte as before.
+struct TokenizerSpec {
+  std::string kind;             // "" (none), "hf_json" (tokenizer.json) or "sentencepiece" (tokenizer.model)
+  int64_t vocab_size = 0;       // ids the tokenizer produces (max id + 1), <= the model's vocab_size
+  bool add_bos = true;          // tokenizer_config.json add_bos_token (SentencePiece)
+  bool add_eos = false;         // tokenizer_config.json add_eos_token
+  std::vector<int64_t> eos_token_ids;  // generation ends at any of these (config + generation_config)
+  // Special tokens of tokenizer_config.json's added_tokens_decoder that the
+  // tokenizer file lacks, as (id, content).
+  std::vector<std::pair<int64_t, std::string>> extra_special;
+  bool present() const { return !kind.empty(); }
+};
+
 struct ModelConfig {
   // mixtral | qwen2_moe | qwen3_moe | olmoe | deepseek_v2 | deepseek_v3 | glm4_moe | gpt_oss
   std::string architecture;
@@ -100,6 +116,8 @@ struct ModelConfig {
   // table, the routers or MLA's per-head k_b/v_b: TensorSpec::quantizable).
   // Optional ("dense_quant" object), written only when not "none".
   QuantSpec dense_quant;
+  // The embedded tokenizer (kind "" when the file has none).
+  TokenizerSpec tokenizer;
 
   // Index of `layer` among the MoE layers, or -1 for a dense layer. Placement,
   // routing traces and the expert index count MoE layers by this index.

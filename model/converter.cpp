@@ -6,14 +6,19 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "model/colibri_file.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/safetensors.h"
+#include "model/tokenizer.h"
+#include "model/text.h"
 
 namespace colibri {
 
@@ -183,6 +188,141 @@ std::vector<HfTensor> hf_checkpoint_plan(const ModelConfig& cfg) {
   return out;
 }
 
+namespace {
+
+// ---- the checkpoint's tokenizer -------------------------------------------
+
+std::string read_whole(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw Error(Status::Io, "cannot read '" + p.string() + "'");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw Error(Status::Io, "cannot read '" + p.string() + "'");
+  return s;
+}
+
+// An optional JSON file of the checkpoint: null when absent.
+nlohmann::json read_json_opt(const fs::path& p) {
+  if (!fs::exists(p)) return nullptr;
+  try {
+    return nlohmann::json::parse(read_whole(p));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(Status::Format, p.string() + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
+// The ids of an "eos_token_id" field: an int or a list of ints.
+void ids_of(const nlohmann::json& j, const char* key, std::vector<int64_t>& out) {
+  if (!j.is_object() || !j.contains(key)) return;
+  const auto& v = j[key];
+  if (v.is_number_integer()) out.push_back(v.get<int64_t>());
+  if (v.is_array())
+    for (const auto& x : v)
+      if (x.is_number_integer()) out.push_back(x.get<int64_t>());
+}
+
+struct EmbeddedTokenizer {
+  TokenizerSpec spec;
+  std::string bytes;
+};
+
+// tokenizer.json (hf_json), else tokenizer.model (sentencepiece), with what
+// tokenizer_config.json and generation_config.json add; nullopt when the
+// checkpoint has neither file, or its tokenizer uses a component this build
+// does not implement (a warning says so).
+std::optional<EmbeddedTokenizer> read_tokenizer(const fs::path& dir, const nlohmann::json& hf, const ModelConfig& cfg) {
+  EmbeddedTokenizer t;
+  fs::path file;
+  TokenizerKind kind;
+  if (fs::exists(dir / "tokenizer.json")) {
+    file = dir / "tokenizer.json";
+    kind = TokenizerKind::HfJson;
+  } else if (fs::exists(dir / "tokenizer.model")) {
+    file = dir / "tokenizer.model";
+    kind = TokenizerKind::SentencePiece;
+  } else {
+    spdlog::info("{} has no tokenizer.json or tokenizer.model: converting without a tokenizer", dir.string());
+    return std::nullopt;
+  }
+  t.bytes = read_whole(file);
+  if (t.bytes.empty()) throw Error(Status::Format, file.string() + " is empty");
+  if (t.bytes.size() > kMaxTokenizerBytes) throw Error(Status::Format, file.string() + " is larger than 1 GiB");
+  t.spec.kind = tokenizer_kind_name(kind);
+  const nlohmann::json tc = read_json_opt(dir / "tokenizer_config.json");
+  const nlohmann::json gc = read_json_opt(dir / "generation_config.json");
+  if (tc.is_object()) {
+    if (tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean()) t.spec.add_bos = tc["add_bos_token"].get<bool>();
+    if (tc.contains("add_eos_token") && tc["add_eos_token"].is_boolean()) t.spec.add_eos = tc["add_eos_token"].get<bool>();
+  }
+  std::unique_ptr<Tokenizer> tok;
+  auto load = [&] {
+    try {
+      tok = Tokenizer::load(kind, t.bytes, tokenizer_options(t.spec));
+    } catch (const Error& e) {
+      throw Error(e.status(), file.string() + ": " + e.what());
+    }
+  };
+  try {
+    load();
+    // Special tokens tokenizer_config.json declares that the file lacks.
+    if (tc.is_object() && tc.contains("added_tokens_decoder") && tc["added_tokens_decoder"].is_object()) {
+      for (const auto& [key, v] : tc["added_tokens_decoder"].items()) {
+        if (!v.is_object() || !v.contains("content") || !v["content"].is_string()) continue;
+        if (v.contains("special") && v["special"].is_boolean() && !v["special"].get<bool>()) continue;
+        int64_t id = -1;
+        try {
+          id = std::stoll(key);
+        } catch (const std::exception&) {
+          continue;
+        }
+        const std::string content = v["content"].get<std::string>();
+        auto have = tok->token_id(content);
+        if (have && *have == id) continue;
+        if (id < 0 || id >= cfg.vocab_size)
+          throw Error(Status::Format, (dir / "tokenizer_config.json").string() + ": special token '" + content +
+                                          "' has id " + std::to_string(id) + ", outside the model's vocabulary of " +
+                                          std::to_string(cfg.vocab_size));
+        t.spec.extra_special.emplace_back(id, content);
+      }
+      if (!t.spec.extra_special.empty()) load();
+    }
+  } catch (const Error& e) {
+    if (e.status() != Status::Unsupported) throw;
+    spdlog::warn("{}; converting without a tokenizer", e.what());
+    return std::nullopt;
+  }
+  t.spec.vocab_size = tok->vocab_size();
+  if (t.spec.vocab_size > cfg.vocab_size)
+    throw Error(Status::Format, file.string() + ": the tokenizer has " + std::to_string(t.spec.vocab_size) +
+                                    " ids (max id " + std::to_string(t.spec.vocab_size - 1) +
+                                    ") but the model's vocab_size is " + std::to_string(cfg.vocab_size) +
+                                    "; its ids would be outside the embedding table (convert with --no-tokenizer to "
+                                    "leave it out)");
+  // End of sequence: config.json's and generation_config.json's eos_token_id
+  // (each an int or a list) and tokenizer_config.json's eos_token.
+  std::vector<int64_t> eos;
+  ids_of(hf, "eos_token_id", eos);
+  ids_of(gc, "eos_token_id", eos);
+  if (tc.is_object() && tc.contains("eos_token")) {
+    const auto& e = tc["eos_token"];
+    std::string content;
+    if (e.is_string()) content = e.get<std::string>();
+    else if (e.is_object() && e.contains("content") && e["content"].is_string()) content = e["content"].get<std::string>();
+    if (!content.empty())
+      if (auto id = tok->token_id(content)) eos.push_back(*id);
+  }
+  for (int64_t id : eos) {
+    if (id < 0 || id >= cfg.vocab_size) {
+      spdlog::warn("end-of-sequence id {} is outside the vocabulary of {}; ignored", id, cfg.vocab_size);
+      continue;
+    }
+    if (std::find(t.spec.eos_token_ids.begin(), t.spec.eos_token_ids.end(), id) == t.spec.eos_token_ids.end())
+      t.spec.eos_token_ids.push_back(id);
+  }
+  return t;
+}
+
+}  // namespace
+
 ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& out_path, const ConvertOptions& opts) {
   fs::path cfg_path = fs::path(hf_dir) / "config.json";
   if (!fs::exists(cfg_path)) throw Error(Status::Io, "'" + hf_dir + "' has no config.json");
@@ -266,10 +406,22 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
       throw Error(Status::Cancelled, "conversion interrupted (signal " + std::to_string(opts.interrupt->load()) + "); '" +
                                          out_path + "' was not written");
   };
-  ColibriWriter w(out_path, cfg, dense, dtype);
+  std::optional<EmbeddedTokenizer> tokenizer;
+  if (opts.tokenizer) tokenizer = read_tokenizer(fs::path(hf_dir), hf, cfg);
+  std::vector<ColibriWriter::DenseTensor> records = dense;
+  if (tokenizer) {
+    cfg.tokenizer = tokenizer->spec;
+    ColibriWriter::DenseTensor tr;
+    tr.name = kTokenizerRecord;
+    tr.dtype = DType::F32;
+    tr.shape = {static_cast<int64_t>(tokenizer->bytes.size())};
+    tr.raw = true;
+    records.push_back(tr);
+  }
+  ColibriWriter w(out_path, cfg, records, dtype);
   // Progress counts the bytes of tensor and expert data (not metadata or padding).
   uint64_t total = static_cast<uint64_t>(cfg.num_moe_layers() * E) * w.layout().size;
-  for (const auto& d : dense) total += d.bytes();
+  for (const auto& d : records) total += d.bytes();
   uint64_t done = 0;
   ConvertResult res;
   std::vector<uint8_t> buf;
@@ -321,6 +473,15 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
     done += buf.size();
     ++res.tensors;
     if (opts.progress) opts.progress(done, total, dense[i].name);
+  }
+
+  if (tokenizer) {
+    w.write_dense(dense.size(), tokenizer->bytes.data(), tokenizer->bytes.size());
+    done += tokenizer->bytes.size();
+    res.tokenizer_kind = tokenizer->spec.kind;
+    res.tokenizer_vocab = tokenizer->spec.vocab_size;
+    res.tokenizer_bytes = tokenizer->bytes.size();
+    if (opts.progress) opts.progress(done, total, kTokenizerRecord);
   }
 
   const ExpertLayout& lay = w.layout();

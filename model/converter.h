@@ -25,6 +25,9 @@ struct ConvertOptions {
   // embedding table, routers and norms keep their storage.
   QuantType dense_quant = QuantType::None;
   int64_t group_size = kQuantDefaultGroup;  // for both
+  // Embed the checkpoint's tokenizer (tokenizer.json, else tokenizer.model, with
+  // tokenizer_config.json and generation_config.json) when it has one.
+  bool tokenizer = true;
   // Called after each tensor or expert block: (bytes written, total bytes, name).
   std::function<void(uint64_t, uint64_t, const std::string&)> progress;
   // Polled between tensors: non-zero (a signal number) stops the conversion
@@ -41,6 +44,9 @@ struct ConvertResult {
   QuantType dense_quant = QuantType::None;
   int64_t group_size = 0;
   int dense_quantised = 0;  // dense tensors stored quantised
+  std::string tokenizer_kind;    // "" when none was embedded
+  int64_t tokenizer_vocab = 0;
+  uint64_t tokenizer_bytes = 0;
 };
 
 // The Hugging Face tensors a checkpoint of this config holds (all that the

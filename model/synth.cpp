@@ -332,7 +332,10 @@ uint64_t synthesize_model(const std::string& out_dir, const SynthOptions& opts) 
     throw Error(Status::InvalidArgument, "unknown preset '" + opts.preset + "' (" + join(presets) + ")");
   const int preset = static_cast<int>(pit - presets.begin());
   const DType dtype = opts.dtype.value_or(preset == 2 ? DType::BF16 : DType::F32);
-  const Dims dims = dims_for(opts.arch, preset);
+  Dims dims = dims_for(opts.arch, preset);
+  if (opts.vocab_size < 0 || opts.vocab_size > (int64_t{1} << 22))
+    throw Error(Status::InvalidArgument, "vocab size " + std::to_string(opts.vocab_size) + " is out of range (1 .. 4194304)");
+  if (opts.vocab_size > 0) dims.vocab = opts.vocab_size;
   const json cfg = hf_config(opts.arch, dims, opts, dtype);
   const ModelConfig mc = ModelConfig::from_hf(cfg);  // what the converter will read
 

@@ -17,6 +17,7 @@ struct SynthOptions {
   std::string preset = "tiny";   // tiny | small | medium
   uint64_t seed = 0;
   std::optional<DType> dtype;    // default: f32 (tiny, small), bf16 (medium)
+  int64_t vocab_size = 0;        // > 0: instead of the preset's (e.g. to fit a tokenizer)
   uint64_t shard_bytes = 1ull << 30;  // split into shards with an index past this
   std::function<void(uint64_t, uint64_t, const std::string&)> progress;
 };

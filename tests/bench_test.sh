@@ -203,6 +203,26 @@ else
 fi
 
 # ---------------------------------------------------------------------------
+step "tokenizer"
+TOKFX="$(dirname "$0")/fixtures/tokenizers/qwen2_bpe"
+cp -r "$T/hf" "$T/hf_tok"
+cp "$TOKFX/tokenizer.json" "$TOKFX/tokenizer_config.json" "$T/hf_tok/"
+expect_rc 0 "convert with tokenizer.json" "$BIN" convert "$T/hf_tok" "$T/tok.colibri"
+printf 'Hello, world! 你好 🙂\n  code(x) + 42;\n' >"$T/text.txt"
+expect_rc 0 "bench --tokenizer --text-file" "$BIN" bench --tokenizer --model "$T/tok.colibri" --text-file "$T/text.txt" --reps 2
+out_has "encode"
+out_has "MB/s"
+expect_rc 0 "bench --tokenizer --json" "$BIN" bench --tokenizer --model "$T/tok.colibri" --reps 2 --json
+if [ "$JSON" != none ]; then
+  [ "$(jget "$T/out" '.mode')" = tokenizer ] || fail "mode should be tokenizer"
+  positive "$(jget "$T/out" '.encode_mb_per_s.median')" || fail "encode MB/s should be > 0"
+  positive "$(jget "$T/out" '.tokens_per_byte')" || fail "tokens per byte should be > 0"
+  pass "JSON: mode, encode MB/s and tokens per byte"
+fi
+expect_rc 11 "bench --tokenizer on a model without one" "$BIN" bench --tokenizer --model "$M"
+err_has "no embedded tokenizer"
+
+# ---------------------------------------------------------------------------
 step "bad arguments"
 expect_rc 11 "no mode" "$BIN" bench
 err_has "--model"
