@@ -47,7 +47,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY
 SKIP_ALWAYS='slurm\.one_node|cluster\.parity|Engine\.LongRunsKeepMemoryFlatAndTheCacheWithinBudget|signals'
 # Tests whose processes run under mpirun (MPI_Init): they run in a second ctest pass
 # with the slow unwinder (see asan_env); a new MPI test belongs in this list.
-MPI_TESTS='exchange\.(mpi|ucx)\..*|cluster\..*|signals'
+MPI_TESTS='exchange\.(mpi|ucx)\..*|cluster\..*|cli\.text|signals'
 # The signals test runs alone, with OMPI_MCA_odls_base_sigkill_timeout=5. On SIGINT,
 # Open MPI 4.1's mpirun sends the ranks SIGCONT at once, SIGTERM after that timeout
 # (default 1 s) and SIGKILL after another: the coordinator gets 1 s after SIGTERM to
