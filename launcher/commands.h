@@ -17,6 +17,7 @@ int cmd_launch(int argc, char** argv);
 int cmd_place(int argc, char** argv);
 int cmd_stats(int argc, char** argv);
 int cmd_cache_sim(int argc, char** argv);
+int cmd_simulate(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 
 // Adds --verbose/--log-level/--help to a subcommand's options.

@@ -72,6 +72,7 @@ const Command kCommands[] = {
     {"place", colibri::cli::cmd_place, "make an expert placement (which ranks own which experts)"},
     {"stats", colibri::cli::cmd_stats, "aggregate a routing trace into expert-load statistics"},
     {"cache-sim", colibri::cli::cmd_cache_sim, "replay a routing trace through the expert-cache policies"},
+    {"simulate", colibri::cli::cmd_simulate, "project step time of an expert-parallel cluster (roofline + alpha-beta)"},
     {"bench", colibri::cli::cmd_bench, "measure generation speed, memory bandwidth or peak FMA throughput"},
 };
 
