@@ -459,6 +459,7 @@ json ModelConfig::to_json() const {
                           {"vocab_size", tokenizer.vocab_size},
                           {"add_bos", tokenizer.add_bos},
                           {"add_eos", tokenizer.add_eos},
+                          {"legacy", tokenizer.legacy},
                           {"eos_token_ids", tokenizer.eos_token_ids},
                           {"extra_special", extra}};
   }
@@ -563,6 +564,7 @@ ModelConfig ModelConfig::from_json(const json& j) {
     c.tokenizer.vocab_size = get_required<int64_t>(t, "vocab_size", what);
     c.tokenizer.add_bos = get_required<bool>(t, "add_bos", what);
     c.tokenizer.add_eos = get_required<bool>(t, "add_eos", what);
+    c.tokenizer.legacy = get_or<bool>(t, "legacy", false, what);
     c.tokenizer.eos_token_ids = get_int_list(t, "eos_token_ids", what, 1024);
     if (t.contains("extra_special")) {
       const auto& x = t["extra_special"];

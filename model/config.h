@@ -49,6 +49,7 @@ struct TokenizerSpec {
   int64_t vocab_size = 0;       // ids the tokenizer produces (max id + 1), <= the model's vocab_size
   bool add_bos = true;          // tokenizer_config.json add_bos_token (SentencePiece)
   bool add_eos = false;         // tokenizer_config.json add_eos_token
+  bool legacy = false;          // tokenizer_config.json legacy (SentencePiece; TokenizerOptions::legacy)
   std::vector<int64_t> eos_token_ids;  // generation ends at any of these (config + generation_config)
   // Special tokens of tokenizer_config.json's added_tokens_decoder that the
   // tokenizer file lacks, as (id, content).

@@ -252,6 +252,7 @@ std::optional<EmbeddedTokenizer> read_tokenizer(const fs::path& dir, const nlohm
   if (tc.is_object()) {
     if (tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean()) t.spec.add_bos = tc["add_bos_token"].get<bool>();
     if (tc.contains("add_eos_token") && tc["add_eos_token"].is_boolean()) t.spec.add_eos = tc["add_eos_token"].get<bool>();
+    if (tc.contains("legacy") && tc["legacy"].is_boolean()) t.spec.legacy = tc["legacy"].get<bool>();
   }
   std::unique_ptr<Tokenizer> tok;
   auto load = [&] {

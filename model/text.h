@@ -19,6 +19,7 @@ inline TokenizerOptions tokenizer_options(const TokenizerSpec& s) {
   TokenizerOptions o;
   o.add_bos = s.add_bos;
   o.add_eos = s.add_eos;
+  o.legacy = s.legacy;
   for (const auto& [id, content] : s.extra_special) o.extra_special.emplace_back(static_cast<int32_t>(id), content);
   return o;
 }

@@ -186,6 +186,38 @@ TEST(TextFile, GenerateStreamsDecodeOfItsIds) {
   }
 }
 
+TEST(TextFile, SentencePieceLegacyComesFromTokenizerConfig) {
+  // tokenizer_config.json's "legacy" decides where SentencePiece prepends "\u2581"
+  // around special tokens written in the text; the embedded tokenizer must
+  // encode as the one loaded with the same setting.
+  const std::string fx = tok_dir("llama_spm");
+  if (!fs::exists(fx + "/tokenizer.model")) GTEST_SKIP() << "no llama_spm fixture";
+  const std::string model = read_file(fx + "/tokenizer.model");
+  const std::string text = "Hello</s>world <s>again";
+  TokenizerOptions o;
+  o.legacy = false;
+  const auto ids_new = Tokenizer::load(TokenizerKind::SentencePiece, model, o)->encode(text, true);
+  o.legacy = true;
+  const auto ids_legacy = Tokenizer::load(TokenizerKind::SentencePiece, model, o)->encode(text, true);
+  ASSERT_NE(ids_new, ids_legacy) << "the string must tell the two settings apart";
+  for (bool legacy : {false, true}) {
+    SCOPED_TRACE(legacy ? "legacy" : "not legacy");
+    test::TempDir tmp;
+    auto r = test::run_cli(tmp, {"synth", "--arch", "mixtral", "--preset", "tiny", "--vocab", "640", "--out",
+                                 tmp.file("hf"), "--log-level", "warn"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    fs::copy_file(fx + "/tokenizer.model", tmp.file("hf/tokenizer.model"));
+    nlohmann::json tc = nlohmann::json::parse(read_file(fx + "/tokenizer_config.json"));
+    tc["legacy"] = legacy;
+    std::ofstream(tmp.file("hf/tokenizer_config.json")) << tc.dump();
+    r = test::run_cli(tmp, {"convert", tmp.file("hf"), tmp.file("m.colibri"), "--log-level", "warn"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto file = ColibriFile::open(tmp.file("m.colibri"));
+    EXPECT_EQ(file->config().tokenizer.legacy, legacy);
+    EXPECT_EQ(open_tokenizer(*file)->encode(text, true), legacy ? ids_legacy : ids_new);
+  }
+}
+
 TEST(TextFile, NoTokenizerIsInvalidArgument) {
   test::TempDir tmp;
   auto r = test::run_cli(tmp, {"synth", "--arch", "mixtral", "--preset", "tiny", "--out", tmp.file("hf"), "--log-level", "warn"});
