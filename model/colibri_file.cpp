@@ -442,7 +442,8 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
   for (size_t i = 1; i < ranges.size(); ++i)
     if (ranges[i].b < ranges[i - 1].e) bad(path, ranges[i - 1].what + " and " + ranges[i].what + " overlap");
 
-  for (const auto& spec : dense_tensor_specs(c)) {
+  const auto specs = dense_tensor_specs(c);
+  for (const auto& spec : specs) {
     const TensorView* t = f->find(spec.name);
     if (!t) bad(path, "missing tensor '" + spec.name + "' required by the config");
     if (t->shape != spec.shape) {
@@ -456,7 +457,6 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
                     (t->quant == QuantType::None ? std::string(dtype_name(t->dtype)) : quant_type_name(t->quant)) +
                     " but the config's dense_quant says " + (want == QuantType::None ? "unquantised" : quant_type_name(want)));
   }
-  const auto specs = dense_tensor_specs(c);
   for (const auto& t : f->tensors_)
     if (t.quant != QuantType::None &&
         std::none_of(specs.begin(), specs.end(), [&](const TensorSpec& s) { return s.name == t.name; }))

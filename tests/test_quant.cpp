@@ -498,17 +498,26 @@ int64_t group_for(const ModelConfig& c, int64_t want) {
   return 0;
 }
 
-std::string convert_quant(const test::Fixture& fx, const test::TempDir& tmp, QuantType t, int64_t g,
-                          DType dt = DType::F32) {
-  const std::string out = tmp.file(fx.name + "." + quant_type_name(t) + ".g" + std::to_string(g) + ".colibri");
+// fx converted with its experts and/or dense matrices quantised (group g).
+std::string convert_quantised(const test::Fixture& fx, const test::TempDir& tmp, QuantType experts, QuantType dense,
+                              int64_t g, DType dt = DType::F32) {
+  const std::string out = tmp.file(fx.name + ".d" + quant_type_name(dense) + ".e" + quant_type_name(experts) + ".g" +
+                                   std::to_string(g) + "." + dtype_name(dt) + ".colibri");
   ConvertOptions o;
   o.dtype = dt;
-  o.expert_quant = t;
+  o.expert_quant = experts;
+  o.dense_quant = dense;
   o.group_size = g;
   ConvertResult r = convert_checkpoint(fx.dir + "/hf", out, o);
-  EXPECT_EQ(r.expert_quant, t);
+  EXPECT_EQ(r.expert_quant, experts);
+  EXPECT_EQ(r.dense_quant, dense);
   EXPECT_EQ(r.group_size, g);
+  if (dense != QuantType::None) EXPECT_GT(r.dense_quantised, 0);
   return out;
+}
+std::string convert_quant(const test::Fixture& fx, const test::TempDir& tmp, QuantType t, int64_t g,
+                          DType dt = DType::F32) {
+  return convert_quantised(fx, tmp, t, QuantType::None, g, dt);
 }
 
 // Logits [len][V] of each sequence, teacher-forced (the sequence as the prompt).
@@ -576,6 +585,16 @@ std::vector<std::vector<int32_t>> fixture_sequences(const test::Fixture& fx) {
   return seqs;
 }
 
+// Every sequence's logits in one batch are bitwise those it gets alone.
+void expect_batch_equals_alone(const std::string& path, const std::vector<std::vector<int32_t>>& seqs,
+                               const std::string& what) {
+  const auto batch = forced_logits(path, seqs, true), alone = forced_logits(path, seqs, false);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    ASSERT_EQ(batch[s].size(), alone[s].size());
+    EXPECT_EQ(std::memcmp(batch[s].data(), alone[s].data(), batch[s].size() * 4), 0) << what << " seq " << s;
+  }
+}
+
 }  // namespace
 
 TEST(QuantConvert, EveryFixtureOpensGeneratesAndStaysCloseToF32) {
@@ -640,13 +659,7 @@ TEST(QuantConvert, BatchGivesBitwiseTheSequencesAlone) {
     test::Fixture fx(name);
     const int64_t g = group_for(ColibriFile::open(fx.convert(tmp, DType::F32))->config(), 32);
     for (QuantType t : kTypes) {
-      const std::string path = convert_quant(fx, tmp, t, g, DType::BF16);
-      const auto seqs = fixture_sequences(fx);
-      const auto batch = forced_logits(path, seqs, true), alone = forced_logits(path, seqs, false);
-      for (size_t s = 0; s < seqs.size(); ++s) {
-        ASSERT_EQ(batch[s].size(), alone[s].size());
-        EXPECT_EQ(std::memcmp(batch[s].data(), alone[s].data(), batch[s].size() * 4), 0) << quant_type_name(t) << " seq " << s;
-      }
+      expect_batch_equals_alone(convert_quant(fx, tmp, t, g, DType::BF16), fixture_sequences(fx), quant_type_name(t));
     }
   }
 }
@@ -853,17 +866,7 @@ int64_t dense_group_for(const ModelConfig& c, int64_t want) {
 
 std::string convert_dense(const test::Fixture& fx, const test::TempDir& tmp, QuantType dense, QuantType experts, int64_t g,
                           DType dt = DType::F32) {
-  const std::string out = tmp.file(fx.name + ".d" + quant_type_name(dense) + ".e" + quant_type_name(experts) + ".g" +
-                                   std::to_string(g) + "." + dtype_name(dt) + ".colibri");
-  ConvertOptions o;
-  o.dtype = dt;
-  o.dense_quant = dense;
-  o.expert_quant = experts;
-  o.group_size = g;
-  ConvertResult r = convert_checkpoint(fx.dir + "/hf", out, o);
-  EXPECT_EQ(r.dense_quant, dense);
-  EXPECT_GT(r.dense_quantised, 0);
-  return out;
+  return convert_quantised(fx, tmp, experts, dense, g, dt);
 }
 
 // `in` with every quantised dense matrix replaced by the f32 weights it stands
@@ -997,13 +1000,8 @@ TEST(QuantDense, BatchGivesBitwiseTheSequencesAlone) {
     test::Fixture fx(name);
     const int64_t g = dense_group_for(ColibriFile::open(fx.convert(tmp, DType::F32))->config(), 32);
     for (QuantType t : kTypes) {
-      const std::string path = convert_dense(fx, tmp, t, QuantType::None, g, DType::BF16);
-      const auto seqs = fixture_sequences(fx);
-      const auto batch = forced_logits(path, seqs, true), alone = forced_logits(path, seqs, false);
-      for (size_t s = 0; s < seqs.size(); ++s) {
-        ASSERT_EQ(batch[s].size(), alone[s].size());
-        EXPECT_EQ(std::memcmp(batch[s].data(), alone[s].data(), batch[s].size() * 4), 0) << quant_type_name(t) << " seq " << s;
-      }
+      expect_batch_equals_alone(convert_dense(fx, tmp, t, QuantType::None, g, DType::BF16), fixture_sequences(fx),
+                                quant_type_name(t));
     }
   }
 }
@@ -1076,13 +1074,14 @@ TEST(QuantDense, BadOptionsAndInconsistentFilesFailClearly) {
   EXPECT_EQ(gen.code, 0) << gen.err;
 
   // The reader: what a tensor's record says must agree with the config.
-  const std::string q8 = read_all(convert_dense(fx, tmp, QuantType::Int8, QuantType::None, 32));
+  const std::string q8_path = convert_dense(fx, tmp, QuantType::Int8, QuantType::None, 32);
+  const std::string q8 = read_all(q8_path);
   const std::string plain = read_all(fx.convert(tmp, DType::F32));
   EXPECT_NE(q8.find("\"dense_quant\": {\n    \"group_size\": 32,\n    \"type\": \"int8\"\n  }"), std::string::npos);
   EXPECT_EQ(plain.find("dense_quant"), std::string::npos);
   const ColibriFile::Options no_verify{false};
   auto index_of = [&](const std::string& name) {
-    auto f = ColibriFile::open(tmp.file("mixtral_a.dint8.enone.g32.f32.colibri"));
+    auto f = ColibriFile::open(q8_path);
     for (size_t i = 0; i < f->tensors().size(); ++i)
       if (f->tensors()[i].name == name) return i;
     return size_t{0};
