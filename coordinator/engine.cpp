@@ -85,10 +85,9 @@ void linear(const float* x, int64_t ldx, int64_t rows, const TensorView& w, int6
 }
 
 // Several products of the same rows (attention's q, k, v) in one parallel
-// region: kernels::gemm_many, or for quantised matrices one quantisation of x
-// shared by all and every job's blocks of 16 outputs in one loop. Each result
-// is bitwise what linear() gives for it alone (a quantised product's outputs
-// do not depend on how they are split).
+// region: kernels::gemm_many, or qkernels::gemm_many when all are quantised
+// alike (one quantisation of x); mixed storage runs one product after another.
+// Each result is bitwise what linear() gives for it alone.
 struct LinearJob {
   const TensorView* w;
   int64_t out;
@@ -109,30 +108,10 @@ void linear_many(const float* x, int64_t ldx, int64_t rows, int64_t in, std::ini
     for (const auto& j : jobs) linear(x, ldx, rows, *j.w, in, j.out, j.y, j.out);
     return;
   }
-  thread_local qkernels::QActBuffer buf;
-  const qkernels::QActs& a = qkernels::quantize(x, ldx, rows, in, w0.quant, w0.quant_group, buf);
-  const qkernels::QKernelTable& k = qkernels::active();
-  struct Block {
-    qkernels::QMatrix m;
-    int64_t begin, end;
-    float* y;
-    int64_t ldy;
-  };
-  thread_local std::vector<Block> blocks;
-  blocks.clear();
-  for (const auto& j : jobs) {
-    const qkernels::QMatrix m{j.w->quant, j.w->quant_group, in, j.w->data, j.w->scales};
-    for (int64_t o = 0; o < j.out; o += 16) blocks.push_back({m, o, std::min(j.out, o + 16), j.y, j.out});
-  }
-  // NOTE: the team reads this thread's list through a pointer (inside the
-  // region the name `blocks` would mean each thread's own thread_local).
-  const Block* list = blocks.data();
-  const int64_t nb = static_cast<int64_t>(blocks.size());
-#pragma omp parallel for schedule(static) if (omp_get_max_threads() > 1 && !omp_in_parallel())
-  for (int64_t b = 0; b < nb; ++b) {
-    const Block& bl = list[b];
-    k.gemm(a, bl.m, bl.begin, bl.end, bl.y, bl.ldy);
-  }
+  qkernels::QGemmJob q[qkernels::kMaxGemmMany];
+  int n = 0;
+  for (const auto& j : jobs) q[n++] = {{j.w->quant, j.w->quant_group, in, j.w->data, j.w->scales}, j.out, j.y, j.out};
+  qkernels::gemm_many(x, ldx, rows, q, n);
 }
 
 }  // namespace

@@ -423,6 +423,45 @@ TEST(QKernels, ThreadedWrapperIsBitwiseTheTable) {
   omp_set_num_threads(before);
 }
 
+TEST(QKernels, GemmManyIsBitwiseEachProductAlone) {
+  // q, k and v of an attention layer: one quantisation of x, one parallel loop
+  // over every product's blocks of 16 outputs (widths not multiples of 16).
+  uint64_t seed = test::test_seed();
+  COLIBRI_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  const int before = omp_get_max_threads();
+  for (QuantType t : kTypes)
+    for (int64_t rows : {1, 5}) {
+      const int64_t in = 256, G = 32, outs[3] = {37, 16, 5};
+      auto x = activations(rng, rows, in);
+      std::vector<QuantMat> ms;
+      std::vector<std::vector<float>> want(3), got(3);
+      qk::QGemmJob jobs[3];
+      for (int j = 0; j < 3; ++j) {
+        ms.push_back(quantize_matrix(t, weights(rng, outs[j], in, G), outs[j], in, G));
+        want[j].assign(static_cast<size_t>(rows * outs[j]), 0.f);
+        got[j].assign(want[j].size(), NAN);
+        qk::gemm(x.data(), in, rows, ms[j].view(), outs[j], want[j].data(), outs[j]);
+      }
+      for (int j = 0; j < 3; ++j) jobs[j] = {ms[j].view(), outs[j], got[j].data(), outs[j]};
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        for (auto& g : got) std::fill(g.begin(), g.end(), NAN);
+        qk::gemm_many(x.data(), in, rows, jobs, 3);
+        for (int j = 0; j < 3; ++j)
+          EXPECT_EQ(std::memcmp(got[j].data(), want[j].data(), got[j].size() * 4), 0)
+              << quant_type_name(t) << " rows " << rows << " product " << j << " threads " << threads;
+      }
+    }
+  omp_set_num_threads(before);
+  // Products that do not share one quantisation of x are refused.
+  QuantMat a = quantize_matrix(QuantType::Int8, weights(rng, 4, 64, 32), 4, 64, 32);
+  QuantMat b = quantize_matrix(QuantType::Int8, weights(rng, 4, 64, 16), 4, 64, 16);
+  std::vector<float> x(64, 0.5f), ya(4), yb(4);
+  const qk::QGemmJob mixed[2] = {{a.view(), 4, ya.data(), 4}, {b.view(), 4, yb.data(), 4}};
+  test::expect_error([&] { qk::gemm_many(x.data(), 64, 1, mixed, 2); }, Status::Internal, {"differ in type, group or width"});
+}
+
 TEST(QKernels, NonFiniteInputMakesOnlyItsRowNaN) {
   std::mt19937_64 rng(7);
   for (const auto* k : all_tables()) {

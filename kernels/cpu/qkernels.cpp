@@ -147,4 +147,28 @@ void gemm(const float* x, int64_t ldx, int64_t rows, const QMatrix& w, int64_t o
   gemm(a, w, out, y, ldy);
 }
 
+void gemm_many(const float* x, int64_t ldx, int64_t rows, const QGemmJob* jobs, int n) {
+  if (n < 1) return;
+  if (n > kMaxGemmMany) throw Error(Status::Internal, "quantised gemm_many: more than 8 products");
+  const QMatrix& w0 = jobs[0].w;
+  // first[j]: job j's first block of 16 outputs in the shared loop.
+  int64_t first[kMaxGemmMany + 1] = {0};
+  for (int j = 0; j < n; ++j) {
+    if (jobs[j].w.type != w0.type || jobs[j].w.group != w0.group || jobs[j].w.in != w0.in)
+      throw Error(Status::Internal, "quantised gemm_many: the products differ in type, group or width");
+    first[j + 1] = first[j] + (jobs[j].out + 15) / 16;
+  }
+  const QActs& a = quantize(x, ldx, rows, w0.in, w0.type, w0.group, scratch());
+  const QKernelTable& k = active();
+  const int64_t blocks = first[n];
+#pragma omp parallel for schedule(static) if (omp_get_max_threads() > 1 && !omp_in_parallel())
+  for (int64_t b = 0; b < blocks; ++b) {
+    int j = 0;
+    while (b >= first[j + 1]) ++j;
+    const QGemmJob& job = jobs[j];
+    const int64_t o = (b - first[j]) * 16;
+    k.gemm(a, job.w, o, std::min(job.out, o + 16), job.y, job.ldy);
+  }
+}
+
 }  // namespace colibri::qkernels

@@ -113,4 +113,17 @@ const QActs& quantize(const float* x, int64_t ldx, int64_t rows, int64_t in, Qua
                       QActBuffer& buf);
 void gemm(const QActs& a, const QMatrix& w, int64_t out, float* y, int64_t ldy);
 
+// Several products of the same rows (attention's q, k and v) in one parallel
+// region, as kernels::gemm_many: x quantised once, every job's blocks of 16
+// outputs in one loop; each result is bitwise what gemm() gives for it alone.
+// The matrices must share type, group and width; at most kMaxGemmMany jobs.
+struct QGemmJob {
+  QMatrix w;
+  int64_t out;
+  float* y;
+  int64_t ldy;
+};
+inline constexpr int kMaxGemmMany = 8;
+void gemm_many(const float* x, int64_t ldx, int64_t rows, const QGemmJob* jobs, int n);
+
 }  // namespace colibri::qkernels
