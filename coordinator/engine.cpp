@@ -542,7 +542,8 @@ std::vector<SequenceOutput> Engine::generate(const std::vector<Request>& reqs, c
       done[static_cast<size_t>(s)] = 1;
       o.finish_reason = "length";
     }
-    if (opts.stop && opts.stop(static_cast<int>(s), t) && o.finish_reason != "eos") {
+    if (opts.stop && opts.stop(static_cast<int>(s), t, done[static_cast<size_t>(s)] ? o.finish_reason : std::string()) &&
+        o.finish_reason != "eos") {
       done[static_cast<size_t>(s)] = 1;
       o.finish_reason = "stop";
     }

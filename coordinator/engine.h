@@ -53,10 +53,11 @@ struct GenerateOptions {
   bool record_logits = false;
   // Called after each new token; return false to stop the whole call.
   std::function<bool(int seq, int pos, int32_t token)> on_token;
-  // Called after each new token, before on_token; return true to end that
-  // sequence alone (finish_reason "stop", unless the token was its EOS), e.g.
-  // when its text now holds a stop string.
-  std::function<bool(int seq, int32_t token)> stop;
+  // Called after each new token, before on_token, with `ending` the reason
+  // this token already ends the sequence for ("eos", "length") or "" if it
+  // does not; return true to end that sequence alone (finish_reason "stop",
+  // unless the token was its EOS), e.g. when its text now holds a stop string.
+  std::function<bool(int seq, int32_t token, const std::string& ending)> stop;
   // Polled before every forward pass; non-zero (e.g. a signal number) stops the
   // call, keeping what was generated (finish_reason "interrupted").
   const std::atomic<int>* interrupt = nullptr;

@@ -250,7 +250,6 @@ colibri_status colibri_generate_text(colibri_model* model, const char* const* pr
       reqs[i].sampling = {s.temperature, s.top_k, s.top_p, s.seed + i};
       streams.push_back(std::make_unique<colibri::StopTextStream>(tok, stops));
     }
-    std::vector<int32_t> counts(reqs.size(), 0);
     std::vector<uint8_t> finished(reqs.size(), 0);
     bool stop_all = false;
     auto emit = [&](size_t i, const std::string& text, const char* reason) {
@@ -259,12 +258,12 @@ colibri_status colibri_generate_text(colibri_model* model, const char* const* pr
       if (callback(user_data, static_cast<int32_t>(i), text.c_str(), text.size(), reason) != 0) stop_all = true;
     };
     colibri::GenerateOptions go;
-    go.stop = [&](int seq, int32_t t) {
+    go.stop = [&](int seq, int32_t t, const std::string& ending) {
       const size_t i = static_cast<size_t>(seq);
       colibri::StopTextStream& ts = *streams[i];
       std::string piece = ts.push(t);
-      const bool is_eos = !reqs[i].ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end();
-      const char* reason = is_eos ? "eos" : ts.stopped() ? "stop" : ++counts[i] >= reqs[i].max_new_tokens ? "length" : nullptr;
+      // The engine's order: its EOS, then a stop string, then the length.
+      const char* reason = ending == "eos" ? "eos" : ts.stopped() ? "stop" : ending.empty() ? nullptr : "length";
       if (reason) piece += ts.finish();
       emit(i, piece, reason);
       return ts.stopped();

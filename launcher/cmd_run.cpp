@@ -339,18 +339,15 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     // Text output: one sequence streams to stdout as it is generated; with
     // several, each is printed ("[i] text") when it ends. The report goes to stderr.
     std::vector<std::unique_ptr<StopTextStream>> streams;
-    std::vector<int32_t> counts(reqs.size(), 0);
     std::vector<uint8_t> printed(reqs.size(), 0);
     const bool stream_one = text_mode && reqs.size() == 1;
     if (text_mode) {
       for (size_t i = 0; i < reqs.size(); ++i)
         streams.push_back(std::make_unique<StopTextStream>(*tok, stops, r.count("show-special") == 0));
-      go.stop = [&](int seq, int32_t t) {
+      go.stop = [&](int seq, int32_t t, const std::string& ending) {
         StopTextStream& ts = *streams[static_cast<size_t>(seq)];
         const std::string piece = ts.push(t);
-        const Request& q = reqs[static_cast<size_t>(seq)];
-        const bool ends = ts.stopped() || ++counts[static_cast<size_t>(seq)] >= q.max_new_tokens ||
-                          (!q.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), t) != eos_ids.end());
+        const bool ends = ts.stopped() || !ending.empty();
         if (stream_one) {
           std::string rest = piece + (ends ? ts.finish() : std::string());
           if (!rest.empty()) {
