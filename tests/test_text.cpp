@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/text.h"
 #include "model/tokenizer.h"
+#include "model/tokenizer_impl.h"
 #include "tests/cli_runner.h"
 #include "tests/test_util.h"
 
@@ -36,18 +37,7 @@ std::unique_ptr<Tokenizer> qwen2_tokenizer() {
   return Tokenizer::load(TokenizerKind::HfJson, read_file(f), TokenizerOptions{});
 }
 
-bool valid_utf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
-    i += n;
-  }
-  return true;
-}
+bool valid_utf8(const std::string& s) { return detail::utf8_valid(s); }
 
 ModelConfig small_config() {
   nlohmann::json hf = {{"architectures", {"Qwen3MoeForCausalLM"}},
