@@ -15,14 +15,15 @@ namespace colibri::cluster {
 namespace {
 struct Message {
   int32_t op = 0;
-  int32_t reserved = 0;
+  int32_t phase = 0;  // Forward: Phase
   Setup setup;
 };
 }  // namespace
 
-void send_op(Communicator& comm, Op op) {
+void send_op(Communicator& comm, Op op, Phase phase) {
   Message m;
   m.op = static_cast<int32_t>(op);
+  m.phase = static_cast<int32_t>(phase);
   comm.broadcast(&m, sizeof m, 0);
 }
 
@@ -72,7 +73,9 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
     for (int e = 0; e < c.num_experts; ++e) owned += placement->owns(comm.rank(), l, e);
   if (owned > 0)
     worker = std::make_unique<Worker>(file, *placement, comm.rank(), comm.size(), rows_cap * c.experts_per_token, opts.store);
-  MoeDispatcher dispatch(c, *placement, comm, worker.get(), rows_cap);
+  StageClock clock;
+  MoeDispatcher dispatch(c, *placement, comm, worker.get(), rows_cap, clock);
+  dispatch.set_stage_sync(m.setup.stage_sync != 0);
   {
     // Set up: tell the coordinator (it waits without a deadline).
     const double t = comm.timeout();
@@ -84,11 +87,16 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
   long kill_at = -1;
   if (opts.fault.rfind("kill:", 0) == 0) kill_at = std::stol(opts.fault.substr(5));
   long passes = 0;
+  clock.mark();
   while (true) {
     comm.broadcast(&m, sizeof m, 0);
     switch (static_cast<Op>(m.op)) {
       case Op::Forward:
         if (passes++ == kill_at) std::raise(SIGKILL);  // testing aid: a lost rank
+        // NOTE: the time waiting for this pass belongs to its phase.
+        clock.set_phase(m.phase == static_cast<int32_t>(Phase::Decode) ? Phase::Decode : Phase::Prefill);
+        clock.lap(Stage::Wait);
+        clock.count_pass();
         for (int l = 0; l < c.num_moe_layers(); ++l) dispatch.forward(l, nullptr, 0, nullptr, nullptr, nullptr);
         break;
       case Op::Report: {
@@ -105,7 +113,9 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
         r.bytes_sent = comm.stats().bytes_sent;
         r.bytes_received = comm.stats().bytes_received;
         r.peak_rss_kb = peak_rss_kb();
+        r.stages = clock.times();
         gather_reports(comm, r);
+        clock.mark();  // the report is not a stage
         break;
       }
       case Op::Stop:

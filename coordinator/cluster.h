@@ -9,6 +9,7 @@
 
 #include "comm/communicator.h"
 #include "coordinator/placement.h"
+#include "coordinator/stage_clock.h"
 #include "model/colibri_file.h"
 #include "worker/expert_store.h"
 
@@ -20,6 +21,7 @@ enum class Op : int32_t { Setup = 1, Forward = 2, Report = 3, Stop = 4 };
 struct Setup {
   int64_t rows_cap = 0;        // most tokens per forward pass (sizes the buffers)
   uint64_t model_checksum = 0; // meta checksum of the model file: all ranks must agree
+  int32_t stage_sync = 0;      // MoeDispatcher::set_stage_sync on every rank
 };
 
 // One rank's figures, gathered on rank 0 at the end.
@@ -32,10 +34,12 @@ struct RankReport {
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t peak_rss_kb = 0;
   char policy[16] = {0};
+  StageTimes stages;  // where this rank's time went
 };
 
-// rank 0: sends an op (and for Setup the payload) to every rank.
-void send_op(Communicator& comm, Op op);
+// rank 0: sends an op (and for Setup the payload) to every rank. A Forward
+// op's phase tells the workers which phase to charge their time to.
+void send_op(Communicator& comm, Op op, Phase phase = Phase::Prefill);
 void send_setup(Communicator& comm, const Setup& s);
 // Gathers every rank's report on rank 0 (every rank calls it after a Report op).
 std::vector<RankReport> gather_reports(Communicator& comm, const RankReport& mine);

@@ -2,7 +2,9 @@
 #include "coordinator/dispatch.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kernels/cpu/kernels.h"
 #include "model/error.h"
@@ -10,8 +12,40 @@
 
 namespace colibri {
 
+DispatchStats& DispatchStats::operator+=(const DispatchStats& o) {
+  rows_sent += o.rows_sent;
+  rows_remote += o.rows_remote;
+  rows_served += o.rows_served;
+  layers += o.layers;
+  token_layers += o.token_layers;
+  token_ranks_remote += o.token_ranks_remote;
+  return *this;
+}
+
+double LayerBalance::mean(int layer) const {
+  const size_t l = static_cast<size_t>(layer);
+  if (l >= passes.size() || passes[l] == 0) return std::numeric_limits<double>::quiet_NaN();
+  return balancedness_sum[l] / static_cast<double>(passes[l]);
+}
+
+LayerBalance LayerBalance::minus(const LayerBalance& before) const {
+  LayerBalance d = *this;
+  for (size_t l = 0; l < d.passes.size() && l < before.passes.size(); ++l) {
+    d.balancedness_sum[l] -= before.balancedness_sum[l];
+    d.passes[l] -= before.passes[l];
+  }
+  for (size_t i = 0; i < d.rank_rows.size() && i < before.rank_rows.size(); ++i) d.rank_rows[i] -= before.rank_rows[i];
+  return d;
+}
+
+DispatchStats MoeDispatcher::stats() const {
+  DispatchStats s = stats_[0];
+  s += stats_[1];
+  return s;
+}
+
 MoeDispatcher::MoeDispatcher(const ModelConfig& cfg, const Placement& placement, Communicator& comm, Worker* local,
-                             int64_t max_rows)
+                             int64_t max_rows, StageClock& clock)
     : cfg_(cfg),
       placement_(placement),
       comm_(comm),
@@ -20,7 +54,8 @@ MoeDispatcher::MoeDispatcher(const ModelConfig& cfg, const Placement& placement,
       hidden_(cfg.hidden_size),
       k_(cfg.experts_per_token),
       experts_(cfg.num_experts),
-      max_rows_(max_rows) {
+      max_rows_(max_rows),
+      clock_(clock) {
   const size_t we = static_cast<size_t>(world_ * experts_);
   send_counts_.resize(we);
   recv_counts_.resize(we);
@@ -40,6 +75,21 @@ MoeDispatcher::MoeDispatcher(const ModelConfig& cfg, const Placement& placement,
   if (local_) {
     recv_.resize(rows);
     result_.resize(rows);
+  }
+  const int L = placement_.num_layers();
+  hosts_.resize(static_cast<size_t>(L));
+  for (int l = 0; l < L; ++l)
+    for (int r = 0; r < world_; ++r)
+      for (int64_t e = 0; e < experts_; ++e)
+        if (placement_.owns(r, l, static_cast<int>(e))) {
+          hosts_[static_cast<size_t>(l)].push_back(r);
+          break;
+        }
+  for (auto& b : balance_) {
+    b.world = world_;
+    b.balancedness_sum.assign(static_cast<size_t>(L), 0.0);
+    b.passes.assign(static_cast<size_t>(L), 0);
+    b.rank_rows.assign(static_cast<size_t>(L) * static_cast<size_t>(world_), 0);
   }
 }
 
@@ -64,6 +114,34 @@ void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32
       pair_rank_[static_cast<size_t>(t * k_ + j)] = r;
       ++send_counts_[static_cast<size_t>(r * E + e)];
     }
+  DispatchStats& st = stats_[static_cast<int>(clock_.phase())];
+  st.token_layers += static_cast<uint64_t>(rows);
+  for (int64_t t = 0; t < rows; ++t) {
+    const int32_t* pr = pair_rank_.data() + t * k_;
+    for (int64_t j = 0; j < k_; ++j) {
+      if (pr[j] == comm_.rank()) continue;
+      bool first = true;  // count each other rank once per token
+      for (int64_t i = 0; i < j && first; ++i) first = pr[i] != pr[j];
+      st.token_ranks_remote += first;
+    }
+  }
+  if (rows > 0) {
+    LayerBalance& lb = balance_[static_cast<int>(clock_.phase())];
+    const auto& hosts = hosts_[static_cast<size_t>(layer)];
+    int64_t sum = 0, mx = 0;
+    for (int h : hosts) {
+      const int64_t n = rank_rows_[static_cast<size_t>(h)];
+      sum += n;
+      mx = std::max(mx, n);
+    }
+    if (mx > 0 && !hosts.empty()) {
+      lb.balancedness_sum[static_cast<size_t>(layer)] +=
+          static_cast<double>(sum) / static_cast<double>(hosts.size()) / static_cast<double>(mx);
+      ++lb.passes[static_cast<size_t>(layer)];
+    }
+    for (int64_t r = 0; r < W; ++r)
+      lb.rank_rows[static_cast<size_t>(layer * W + r)] += static_cast<uint64_t>(rank_rows_[static_cast<size_t>(r)]);
+  }
   // Send layout: rank-major, expert ascending, rows in token order.
   int64_t off = 0;
   for (int64_t r = 0; r < W; ++r) {
@@ -85,11 +163,14 @@ void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32
       int64_t p = next_[static_cast<size_t>(r * E + e)]++;
       slot_pos_[static_cast<size_t>(t * k_ + j)] = p;
       std::memcpy(send_.data() + p * hidden_, x + t * hidden_, row_bytes);
-      ++stats_.rows_sent;
-      if (r != comm_.rank()) ++stats_.rows_remote;
+      ++st.rows_sent;
+      if (r != comm_.rank()) ++st.rows_remote;
     }
-  // 3. Counts first, then rows.
+  clock_.lap(Stage::DispatchPlan);
+  // 3. Counts first, then rows. NOTE: the counts are a few bytes; the time in
+  // their all-to-all is waiting for the slowest rank to reach this layer.
   comm_.alltoall(send_counts_.data(), recv_counts_.data(), static_cast<size_t>(E) * sizeof(uint32_t));
+  clock_.lap(Stage::Wait);
   int64_t roff = 0;
   for (int64_t r = 0; r < W; ++r) {
     int64_t n = 0;
@@ -99,15 +180,23 @@ void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32
     roff += n;
   }
   if (roff > max_rows_ * k_) throw Error(Status::Comm, "rank " + std::to_string(comm_.rank()) + ": received more MoE rows than sized for");
+  clock_.lap(Stage::DispatchPlan);
   comm_.alltoallv(send_.data(), sb_.data(), so_.data(), recv_.data(), rb_.data(), ro_.data());
+  clock_.lap(Stage::Exchange);
   // 4. Experts on this rank.
   if (roff > 0) {
     if (!local_) throw Error(Status::Internal, "rank " + std::to_string(comm_.rank()) + " hosts no experts but was sent rows");
     local_->compute(layer, recv_counts_.data(), recv_.data(), result_.data());
-    stats_.rows_served += static_cast<uint64_t>(roff);
+    st.rows_served += static_cast<uint64_t>(roff);
+  }
+  clock_.lap(Stage::ExpertFfn);
+  if (stage_sync_ && W > 1) {
+    comm_.barrier();
+    clock_.lap(Stage::Wait);
   }
   // 5. Results back, in the order each rank received them.
   comm_.alltoallv(result_.data(), rb_.data(), ro_.data(), back_.data(), sb_.data(), so_.data());
+  clock_.lap(Stage::Exchange);
   // 6. Combine in slot order.
   const auto& kt = kernels::active();
   for (int64_t t = 0; t < rows; ++t) {
@@ -116,7 +205,8 @@ void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32
     for (int64_t j = 0; j < k_; ++j)
       kt.axpy(o, weights[t * k_ + j], back_.data() + slot_pos_[static_cast<size_t>(t * k_ + j)] * hidden_, hidden_);
   }
-  ++stats_.layers;
+  ++st.layers;
+  clock_.lap(Stage::Combine);
 }
 
 }  // namespace colibri

@@ -8,6 +8,7 @@
 
 #include "comm/communicator.h"
 #include "coordinator/placement.h"
+#include "coordinator/stage_clock.h"
 #include "model/config.h"
 
 namespace colibri {
@@ -19,13 +20,36 @@ struct DispatchStats {
   uint64_t rows_remote = 0;    // of which to other ranks
   uint64_t rows_served = 0;    // rows this rank's worker computed
   uint64_t layers = 0;
+  uint64_t token_layers = 0;   // tokens dispatched, summed over MoE layers
+  // Distinct (token, other rank) pairs per layer: the rows the routing needs
+  // to move each way at the least (a token sent once to each rank that serves
+  // any of its experts there, its results reduced there before returning).
+  uint64_t token_ranks_remote = 0;
+
+  DispatchStats& operator+=(const DispatchStats& o);
+};
+
+// Load balance of the MoE layers, on the rank that plans the dispatch (rank 0).
+// Balancedness of one layer in one forward pass: mean / max of the (token,
+// expert) rows over the ranks that host experts of that layer (1 = perfect,
+// 1/ranks = all on one), as SGLang and vLLM report it; passes with no rows are
+// not counted.
+struct LayerBalance {
+  int world = 0;
+  std::vector<double> balancedness_sum;  // [layer] sum over passes
+  std::vector<uint64_t> passes;          // [layer] passes counted
+  std::vector<uint64_t> rank_rows;       // [layer][world] rows over all passes
+
+  double mean(int layer) const;  // NaN when no pass was counted
+  LayerBalance minus(const LayerBalance& before) const;
 };
 
 class MoeDispatcher {
  public:
-  // max_rows: most tokens per forward pass; local: this rank's worker or null.
+  // max_rows: most tokens per forward pass; local: this rank's worker or null;
+  // clock: where each stage's time is charged (its phase says prefill/decode).
   MoeDispatcher(const ModelConfig& cfg, const Placement& placement, Communicator& comm, Worker* local,
-                int64_t max_rows);
+                int64_t max_rows, StageClock& clock);
 
   // x: [rows][hidden] (post-norm); experts, weights: [rows][k] from the router;
   // out: [rows][hidden], overwritten with sum_j weights[t][j] * expert_j(x[t]),
@@ -35,7 +59,15 @@ class MoeDispatcher {
   // this with rows = 0 to serve its experts.
   void forward(int layer, const float* x, int64_t rows, const int32_t* experts, const float* weights, float* out);
 
-  const DispatchStats& stats() const { return stats_; }
+  // Every rank must agree (a collective): with it, a barrier before the
+  // results return separates waiting for the slowest rank's experts (Wait)
+  // from the transfer itself (Exchange), at the cost of one barrier per layer.
+  void set_stage_sync(bool on) { stage_sync_ = on; }
+  bool stage_sync() const { return stage_sync_; }
+
+  DispatchStats stats() const;  // both phases
+  const DispatchStats& stats(Phase p) const { return stats_[static_cast<int>(p)]; }
+  const LayerBalance& balance(Phase p) const { return balance_[static_cast<int>(p)]; }
 
  private:
   const ModelConfig& cfg_;
@@ -52,7 +84,11 @@ class MoeDispatcher {
   std::vector<int64_t> rank_rows_;                   // [world] pairs assigned per rank in this layer
   std::vector<uint64_t> sb_, so_, rb_, ro_;          // bytes and offsets per rank
   std::vector<float> send_, recv_, result_, back_;   // rows: [max_rows * k][hidden]
-  DispatchStats stats_;
+  std::vector<std::vector<int32_t>> hosts_;          // [layer] ranks owning experts of it
+  StageClock& clock_;
+  bool stage_sync_ = false;
+  DispatchStats stats_[kNumPhases];
+  LayerBalance balance_[kNumPhases];
 };
 
 }  // namespace colibri

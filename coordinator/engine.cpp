@@ -145,7 +145,11 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
   if (hosts)
     worker_ = std::make_unique<Worker>(file_, *placement_, comm_.rank(), comm_.size(), rows_cap_ * c.experts_per_token,
                                        opts.store);
-  dispatch_ = std::make_unique<MoeDispatcher>(c, *placement_, comm_, worker_.get(), rows_cap_);
+  replay_ = opts.replay;
+  if (replay_) replay_->check(c);
+  stage_sync_ = opts.stage_sync;
+  dispatch_ = std::make_unique<MoeDispatcher>(c, *placement_, comm_, worker_.get(), rows_cap_, clock_);
+  dispatch_->set_stage_sync(stage_sync_);
   const bool mla = c.attention == "mla";
   if (mla)
     kv_ = std::make_unique<KVCache>(c.num_layers, max_batch_, max_ctx_, c.kv_lora_rank + c.qk_rope_head_dim, 0);
@@ -263,6 +267,7 @@ void Engine::start_workers() {
   cluster::Setup s;
   s.rows_cap = rows_cap_;
   s.model_checksum = file_->header().meta_checksum;
+  s.stage_sync = stage_sync_ ? 1 : 0;
   cluster::send_setup(comm_, s);
   // Wait (without a deadline) until every worker has built its expert store:
   // preloading pinned experts may take long, and the first exchange is timed.
@@ -415,9 +420,11 @@ void Engine::feed_forward(int layer, int64_t n, const int32_t* seqs, const int32
   add_bias(router_.data(), n, E, w.router_bias);
   route(c.routing, router_.data(), n, E, K, w.score_bias.empty() ? nullptr : w.score_bias.data(), experts_.data(),
         weights_.data());
+  if (replay_) replay_->next(w.moe, n, experts_.data(), weights_.data());
   if (trace_)
     for (int64_t i = 0; i < n; ++i)
       trace_->write(step_, w.moe, seqs[i], pos[i], experts_.data() + i * K, weights_.data() + i * K, static_cast<int>(K));
+  clock_.lap(Stage::Router);
   dispatch_->forward(w.moe, xn_.data(), n, experts_.data(), weights_.data(), moe_.data());
   if (c.shared_intermediate_size > 0) {
     ffn(w.shared, FfnSpec::silu(H, c.shared_intermediate_size), xn_.data(), n, tmp_.data(), ffn_gate_.data(),
@@ -443,9 +450,13 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, cons
   const auto& kt = kernels::active();
   const float eps = static_cast<float>(c.rms_norm_eps);
   const size_t row_bytes = static_cast<size_t>(H) * dtype_size(embd_->dtype);
+  if (comm_.size() > 1 && !workers_started_) start_workers();
+  // Stage times: every segment of the pass is charged to a stage (clock_.lap).
+  clock_.mark();
+  clock_.count_pass();
   if (comm_.size() > 1) {
-    if (!workers_started_) start_workers();
-    cluster::send_op(comm_, cluster::Op::Forward);
+    cluster::send_op(comm_, cluster::Op::Forward, clock_.phase());
+    clock_.lap(Stage::Exchange);
   }
 
   for (int64_t i = 0; i < n; ++i)
@@ -455,14 +466,18 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, cons
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = layers_[static_cast<size_t>(l)];
     for (int64_t i = 0; i < n; ++i) kt.rmsnorm(x_.data() + i * H, w.attn_norm.data(), xn_.data() + i * H, H, eps);
+    clock_.lap(Stage::Dense);
     if (mla)
       attention_mla(l, n, seqs, pos);
     else
       attention_gqa(l, n, seqs, pos);
+    clock_.lap(Stage::Attention);
     for (int64_t i = 0; i < n * H; ++i) x_[static_cast<size_t>(i)] += tmp_[static_cast<size_t>(i)];
     for (int64_t i = 0; i < n; ++i) kt.rmsnorm(x_.data() + i * H, w.ffn_norm.data(), xn_.data() + i * H, H, eps);
+    clock_.lap(Stage::Dense);
     feed_forward(l, n, seqs, pos);
     for (int64_t i = 0; i < n * H; ++i) x_[static_cast<size_t>(i)] += moe_[static_cast<size_t>(i)];
+    clock_.lap(Stage::Dense);
   }
 
   ++step_;
@@ -470,6 +485,7 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, cons
   for (int64_t i = 0; i < n; ++i)
     if (want_logits[i]) kt.rmsnorm(x_.data() + i * H, final_norm_.data(), gathered_.data() + (m++) * H, H, eps);
   if (m > 0) linear(gathered_.data(), H, m, *lm_head_, H, c.vocab_size, logits_.data(), c.vocab_size);
+  clock_.lap(Stage::LmHead);
 }
 
 void Engine::validate(const std::vector<Request>& reqs) const {
@@ -503,6 +519,7 @@ void Engine::validate(const std::vector<Request>& reqs) const {
 std::vector<SequenceOutput> Engine::generate(const std::vector<Request>& reqs, const GenerateOptions& opts,
                                              GenerateStats* stats) {
   validate(reqs);
+  if (replay_) replay_->rewind();  // every call replays the same routing
   const ModelConfig& c = file_->config();
   const int64_t V = c.vocab_size, B = static_cast<int64_t>(reqs.size());
   using clock = std::chrono::steady_clock;
@@ -565,7 +582,9 @@ std::vector<SequenceOutput> Engine::generate(const std::vector<Request>& reqs, c
   // Prefill in chunks that may span sequences.
   auto t0 = clock::now();
   int64_t s = 0, p = 0;
+  clock_.set_phase(Phase::Prefill);
   while (s < B && !interrupted()) {
+    const auto tp = clock::now();
     int64_t n = 0;
     while (n < chunk_ && s < B) {
       const Request& r = reqs[static_cast<size_t>(s)];
@@ -594,12 +613,16 @@ std::vector<SequenceOutput> Engine::generate(const std::vector<Request>& reqs, c
       const bool last = pos[static_cast<size_t>(i)] + 1 == static_cast<int32_t>(reqs[static_cast<size_t>(q)].prompt.size());
       if (last && !done[static_cast<size_t>(q)]) accept(q, lg);
     }
+    clock_.lap(Stage::Sampling);
+    st.prefill_pass_seconds.push_back(std::chrono::duration<double>(clock::now() - tp).count());
   }
   auto t1 = clock::now();
   st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
   // Decode: one row per unfinished sequence.
+  clock_.set_phase(Phase::Decode);
   while (!interrupted()) {
+    const auto tp = clock::now();
     int64_t n = 0;
     for (int64_t q = 0; q < B; ++q) {
       if (done[static_cast<size_t>(q)]) continue;
@@ -618,7 +641,10 @@ std::vector<SequenceOutput> Engine::generate(const std::vector<Request>& reqs, c
       accept(q, lg);
       ++st.decode_tokens;
     }
+    clock_.lap(Stage::Sampling);
+    st.decode_step_seconds.push_back(std::chrono::duration<double>(clock::now() - tp).count());
   }
+  clock_.set_phase(Phase::Prefill);
   st.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
   if (st.cancelled)
     for (auto& o : out)

@@ -14,12 +14,14 @@
 #include "coordinator/kv_cache.h"
 #include "coordinator/placement.h"
 #include "coordinator/sampling.h"
+#include "coordinator/stage_clock.h"
 #include "model/colibri_file.h"
 #include "worker/worker.h"
 
 namespace colibri {
 
 class RoutingTraceWriter;
+class RoutingReplay;
 
 struct EngineOptions {
   int64_t max_batch = 4;        // most sequences per generate() call
@@ -29,6 +31,13 @@ struct EngineOptions {
   std::shared_ptr<const Placement> placement;
   ExpertStoreOptions store;             // this rank's expert cache, if it hosts experts
   RoutingTraceWriter* trace = nullptr;  // --record-routing
+  // Replaces the router's choices (experts and weights) with a recorded
+  // trace's, e.g. real Mixtral routing on a model of the same shape; the
+  // router still runs (its time is real). The trace records what was replayed.
+  std::shared_ptr<RoutingReplay> replay;
+  // A barrier before the MoE results return, so that the stage times separate
+  // waiting for the slowest rank from the transfer (bench; see MoeDispatcher).
+  bool stage_sync = false;
 };
 
 struct Request {
@@ -68,6 +77,9 @@ struct GenerateStats {
   double prefill_seconds = 0, decode_seconds = 0;
   bool cancelled = false;
   int interrupted = 0;  // the interrupt flag's value when it stopped the call
+  // Wall time of each forward pass of the prefill (sampling included) and of
+  // each decode step (forward pass and sampling), in order.
+  std::vector<double> prefill_pass_seconds, decode_step_seconds;
 };
 
 class Engine {
@@ -88,7 +100,10 @@ class Engine {
 
   // Null when this rank hosts no experts.
   Worker* local_worker() { return worker_.get(); }
-  const DispatchStats& dispatch_stats() const { return dispatch_->stats(); }
+  DispatchStats dispatch_stats() const { return dispatch_->stats(); }
+  const MoeDispatcher& dispatcher() const { return *dispatch_; }
+  // This rank's time per stage and phase since the engine was made.
+  const StageTimes& stage_times() const { return clock_.times(); }
   const Placement& placement() const { return *placement_; }
   int64_t rows_capacity() const { return rows_cap_; }
   // Bytes of the KV cache (for MLA: latents and rotary keys only).
@@ -114,6 +129,9 @@ class Engine {
   int64_t max_batch_, max_ctx_, chunk_, rows_cap_;
   std::shared_ptr<const Placement> placement_;
   RoutingTraceWriter* trace_ = nullptr;
+  std::shared_ptr<RoutingReplay> replay_;
+  bool stage_sync_ = false;
+  StageClock clock_;
   int64_t step_ = 0;  // forward passes so far (the routing trace's step)
   bool workers_started_ = false, workers_stopped_ = false;
   std::unique_ptr<Worker> worker_;

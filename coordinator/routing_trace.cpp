@@ -19,6 +19,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "model/config.h"
 #include "model/error.h"
 #include "model/json_util.h"
 
@@ -559,5 +560,65 @@ ExpertStats load_expert_stats(const std::string& path) {
   }
   return s;
 }
+
+RoutingReplay::RoutingReplay(const RoutingTrace& t) : source_(t.source) {
+  if (t.records.empty()) throw Error(Status::InvalidArgument, "routing trace " + t.source + " holds no rows to replay");
+  k_ = static_cast<int>(t.records.front().experts.size());
+  num_experts_ = t.num_experts;
+  experts_.resize(static_cast<size_t>(t.num_layers));
+  weights_.resize(static_cast<size_t>(t.num_layers));
+  for (const RoutingRecord& r : t.records) {
+    const std::string where = "routing trace " + t.source + ", step " + std::to_string(r.step) + " layer " +
+                              std::to_string(r.layer) + " token (" + std::to_string(r.seq) + ", " + std::to_string(r.pos) + ")";
+    if (static_cast<int>(r.experts.size()) != k_ || r.weights.size() != r.experts.size())
+      throw Error(Status::InvalidArgument, where + ": " + std::to_string(r.experts.size()) + " experts, the first row has " +
+                                               std::to_string(k_) + " (a replay needs one top-k)");
+    if (r.layer < 0 || r.layer >= t.num_layers)
+      throw Error(Status::InvalidArgument, where + ": layer out of range");
+    for (int j = 0; j < k_; ++j) {
+      if (r.experts[static_cast<size_t>(j)] < 0 || r.experts[static_cast<size_t>(j)] >= num_experts_)
+        throw Error(Status::InvalidArgument, where + ": expert " + std::to_string(r.experts[static_cast<size_t>(j)]) + " out of range");
+      if (!std::isfinite(r.weights[static_cast<size_t>(j)])) throw Error(Status::InvalidArgument, where + ": non-finite weight");
+      for (int i = 0; i < j; ++i)
+        if (r.experts[static_cast<size_t>(i)] == r.experts[static_cast<size_t>(j)])
+          throw Error(Status::InvalidArgument, where + ": expert " + std::to_string(r.experts[static_cast<size_t>(j)]) + " twice");
+    }
+    auto& e = experts_[static_cast<size_t>(r.layer)];
+    auto& w = weights_[static_cast<size_t>(r.layer)];
+    e.insert(e.end(), r.experts.begin(), r.experts.end());
+    w.insert(w.end(), r.weights.begin(), r.weights.end());
+  }
+  cursor_.assign(experts_.size(), 0);
+}
+
+void RoutingReplay::check(const ModelConfig& c) const {
+  const std::string what = "--routing-replay " + source_ + ": ";
+  if (num_experts_ > c.num_experts)
+    throw Error(Status::InvalidArgument, what + "the trace routes to " + std::to_string(num_experts_) + " experts, the model has " +
+                                             std::to_string(c.num_experts));
+  if (k_ != c.experts_per_token)
+    throw Error(Status::InvalidArgument, what + "the trace chooses " + std::to_string(k_) + " experts per token, the model " +
+                                             std::to_string(c.experts_per_token));
+  if (num_layers() < c.num_moe_layers())
+    throw Error(Status::InvalidArgument, what + "the trace has " + std::to_string(num_layers()) + " MoE layers, the model " +
+                                             std::to_string(c.num_moe_layers()));
+  for (int l = 0; l < c.num_moe_layers(); ++l)
+    if (experts_[static_cast<size_t>(l)].empty())
+      throw Error(Status::InvalidArgument, what + "no rows for MoE layer " + std::to_string(l));
+}
+
+void RoutingReplay::next(int layer, int64_t n, int32_t* experts, float* weights) {
+  const auto& e = experts_[static_cast<size_t>(layer)];
+  const auto& w = weights_[static_cast<size_t>(layer)];
+  const size_t rows = e.size() / static_cast<size_t>(k_);
+  size_t& at = cursor_[static_cast<size_t>(layer)];
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(e.begin() + static_cast<ptrdiff_t>(at * k_), k_, experts + i * k_);
+    std::copy_n(w.begin() + static_cast<ptrdiff_t>(at * k_), k_, weights + i * k_);
+    at = (at + 1) % rows;
+  }
+}
+
+void RoutingReplay::rewind() { std::fill(cursor_.begin(), cursor_.end(), 0); }
 
 }  // namespace colibri

@@ -75,6 +75,40 @@ class RoutingTraceWriter {
 // (problem_id, token_idx, layer). Throws Error(Io|Format) naming the line.
 RoutingTrace read_routing_trace(const std::string& path);
 
+struct ModelConfig;
+
+// Replays a trace's routing in place of the router's (EngineOptions::replay),
+// so that a model of the same shape (experts, top-k) sees recorded routing, e.g.
+// the real Mixtral-8x7B traces. MoE layer l takes the trace's layer-l rows in
+// time order: each forward pass's n tokens take the next n rows of that layer,
+// wrapping at its end; rewind() starts every layer over (the engine does so at
+// each generate call, so repeated runs replay the same routing). Layers keep
+// separate cursors, so a trace that dropped rows (the Mixtral recordings) drifts
+// by those rows between layers after a wrap.
+class RoutingReplay {
+ public:
+  // Throws Error(InvalidArgument) for an empty trace, rows of differing width,
+  // a repeated expert in a row or a non-finite weight.
+  explicit RoutingReplay(const RoutingTrace& trace);
+  // Throws Error(InvalidArgument) naming what differs when the trace does not
+  // fit the model: other expert count or top-k, fewer layers, a layer without rows.
+  void check(const ModelConfig& c) const;
+  void next(int layer, int64_t n, int32_t* experts, float* weights);
+  void rewind();
+  const std::string& source() const { return source_; }
+  int num_layers() const { return static_cast<int>(experts_.size()); }
+  int top_k() const { return k_; }
+  int num_experts() const { return num_experts_; }
+  size_t rows(int layer) const { return experts_[static_cast<size_t>(layer)].size() / static_cast<size_t>(k_); }
+
+ private:
+  std::string source_;
+  int k_ = 0, num_experts_ = 0;
+  std::vector<std::vector<int32_t>> experts_;  // [layer][row * k + j]
+  std::vector<std::vector<float>> weights_;    // [layer][row * k + j]
+  std::vector<size_t> cursor_;                 // [layer] next row
+};
+
 // Expert load: how many tokens selected each expert of each layer.
 // STATS.json: {"format":"colibri-expert-stats","version":1,"source":...,
 //              "num_layers":L,"num_experts":E,"tokens":T,"load":[[...E...] x L]}

@@ -20,6 +20,7 @@
 #include "coordinator/placement.h"
 #include "coordinator/routing_trace.h"
 #include "kernels/cpu/kernels.h"
+#include "launcher/cluster_setup.h"
 #include "launcher/commands.h"
 #include "launcher/signals.h"
 #include "model/colibri_file.h"
@@ -83,23 +84,7 @@ void add_generation_options(cxxopts::Options& o) {
       cxxopts::value<int64_t>()->default_value("0"))(
       "kernels", "CPU kernels: auto, avx2 or generic", cxxopts::value<std::string>()->default_value("auto"))(
       "no-verify", "Skip the checksum check of dense tensors at load");
-  o.add_options("experts")("placement", "Placement JSON (which ranks own which experts)", cxxopts::value<std::string>())(
-      "policy", "Without --placement: contiguous, round_robin, balanced or replicated",
-      cxxopts::value<std::string>()->default_value("contiguous"))(
-      "stats", "Expert-load STATS.json for the balanced/replicated policies and the pinned cache",
-      cxxopts::value<std::string>())(
-      "redundant", "Replicated policy: extra replicas per layer", cxxopts::value<int>()->default_value("0"))(
-      "coordinator-experts", "Rank 0 hosts experts too (always so with one rank)")(
-      "expert-cache-bytes", "Fast-tier budget per rank in bytes (K/M/G suffix); 0 = no fast tier",
-      cxxopts::value<std::string>()->default_value("0"))(
-      "expert-cache-experts", "Fast-tier budget per rank in experts", cxxopts::value<int64_t>()->default_value("0"))(
-      "cache-policy", "lru, lfu, hybrid, pinned, ...", cxxopts::value<std::string>()->default_value("lru"))(
-      "cache-decay", "Hybrid policy: decay per tick", cxxopts::value<double>()->default_value("0.9"));
-  o.add_options("cluster")("comm", "Communicator: auto (mpi under mpirun/srun, else local), local, mpi, nccl",
-                           cxxopts::value<std::string>()->default_value("auto"))(
-      "gpu", "NCCL backend: GPU of this rank; -1 = the local rank", cxxopts::value<int>()->default_value("-1"))(
-      "comm-timeout", "Seconds a rank waits for a peer before failing", cxxopts::value<double>()->default_value("120"))(
-      "inject-fault", "Testing aid: RANK:kill:N kills a worker at its N-th forward pass, rank 0 at its N-th token; RANK:kill:start at start-up", cxxopts::value<std::string>());
+  add_cluster_options(o);
 }
 
 // "PREFIX TEXT\n" on stdout (the text may hold any byte).
@@ -107,36 +92,6 @@ void print_text(const std::string& prefix, const std::string& text) {
   std::string line = prefix + text + "\n";
   std::fwrite(line.data(), 1, line.size(), stdout);
   std::fflush(stdout);
-}
-
-uint64_t parse_bytes(const std::string& s) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || !std::isfinite(v) || v < 0 || v > 1e18) throw Error(Status::InvalidArgument, "'" + s + "' is not a byte count");
-  std::string unit = s.substr(used);
-  double mult = 1;
-  if (unit == "K" || unit == "KiB") mult = 1024.0;
-  else if (unit == "M" || unit == "MiB") mult = 1048576.0;
-  else if (unit == "G" || unit == "GiB") mult = 1073741824.0;
-  else if (!unit.empty()) throw Error(Status::InvalidArgument, "unknown unit '" + unit + "' in '" + s + "' (K, M, G)");
-  return static_cast<uint64_t>(v * mult);
-}
-
-// Top `slots` keys by load among all experts (pinned cache policy).
-std::vector<uint64_t> hottest_keys(const ExpertStats& st, size_t limit) {
-  std::vector<std::pair<uint64_t, uint64_t>> v;  // (load, key)
-  for (int l = 0; l < st.num_layers; ++l)
-    for (int e = 0; e < st.num_experts; ++e)
-      v.push_back({st.load[static_cast<size_t>(l)][static_cast<size_t>(e)], static_cast<uint64_t>(l) * st.num_experts + e});
-  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  std::vector<uint64_t> k;
-  for (size_t i = 0; i < v.size() && i < limit; ++i) k.push_back(v[i].second);
-  return k;
 }
 
 int run_generation(int argc, char** argv, bool cluster_cmd) {
@@ -151,102 +106,25 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
   auto r = o.parse(argc, argv);
   if (handle_common(o, r)) return 0;
 
-  // The communicator first: every rank must reach the same collectives.
-  std::string comm_kind = r["comm"].as<std::string>();
-  if (!cluster_cmd) comm_kind = "local";
-  if (comm_kind == "auto") comm_kind = mpi_runtime::launched_by_mpi() ? "mpi" : "local";
-  std::unique_ptr<Communicator> comm;
-  if (comm_kind == "local") {
-    comm = make_local_communicator();
-  } else if (comm_kind == "mpi" || comm_kind == "nccl") {
-    mpi_runtime::init();
-    if (comm_kind == "mpi") {
-      comm = make_mpi_communicator();
-    } else {
-      int gpu = r["gpu"].as<int>();
-      if (gpu < 0) {
-        const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-        gpu = lr ? std::atoi(lr) : 0;
-      }
-      comm = make_nccl_communicator(gpu);
-      if (!comm) throw Error(Status::Unsupported, "this build has no NCCL (CUDA and NCCL were not found at configure time)");
-    }
-    if (!comm) throw Error(Status::Unsupported, "this build has no MPI (configure with Open MPI installed)");
-  } else {
-    throw Error(Status::InvalidArgument, "--comm '" + comm_kind + "' (auto, local, mpi, nccl)");
-  }
-  comm->set_timeout(r["comm-timeout"].as<double>());
-  // SIGINT/SIGTERM: the coordinator stops between forward passes, tells the
-  // workers to stop, and prints what it has as partial; workers keep serving
-  // until then (at most 10 s more).
-  install_stop_handlers();
-  comm->set_interrupt(stop_flag(), 10.0);
-  const int rank = comm->rank(), world = comm->size();
-  if (world > 1) spdlog::set_pattern("[%H:%M:%S.%e] [rank " + std::to_string(rank) + "] [%^%l%$] %v");
+  ClusterRuntime rt = open_cluster(r, !cluster_cmd);
+  Communicator* comm = rt.comm.get();
+  const int rank = rt.rank, world = rt.world;
 
-  try {
+  return run_guarded(rt, [&]() -> int {
     if (!r.count("model")) throw Error(Status::InvalidArgument, "--model FILE is required");
     const std::string kn = r["kernels"].as<std::string>();
     if (kn != "auto" && !kernels::select(kn.c_str()))
       throw Error(Status::InvalidArgument, "--kernels '" + kn + "' is not available on this CPU (auto, avx2, generic)");
-    int threads = r["threads"].as<int>();
-    if (threads < 0) throw Error(Status::InvalidArgument, "--threads must be >= 0");
-    if (threads == 0 && world > 1) {
-      // NOTE: ranks on one node share its cores; by default each gets its share.
-      int cores = static_cast<int>(std::thread::hardware_concurrency());
-      threads = std::max(1, cores / std::max(1, mpi_runtime::local_size()));
-    }
-    threads = kernels::set_threads(threads);
+    const int threads = set_rank_threads(r["threads"].as<int>(), world);
 
     ColibriFile::Options fo;
     fo.verify_dense = rank == 0 && r.count("no-verify") == 0;
     auto file = ColibriFile::open(r["model"].as<std::string>(), fo);
     const ModelConfig& cfg = file->config();
-
-    std::unique_ptr<ExpertStats> stats;
-    if (r.count("stats")) stats = std::make_unique<ExpertStats>(load_expert_stats(r["stats"].as<std::string>()));
-    std::shared_ptr<const Placement> placement;
-    const bool coord_hosts = world == 1 || r.count("coordinator-experts") > 0;
-    if (r.count("placement")) {
-      placement = std::make_shared<const Placement>(
-          Placement::load(r["placement"].as<std::string>(), world, static_cast<int>(cfg.num_moe_layers()), static_cast<int>(cfg.num_experts)));
-    } else {
-      placement = std::make_shared<const Placement>(make_placement(r["policy"].as<std::string>(), static_cast<int>(cfg.num_moe_layers()),
-                                                                   static_cast<int>(cfg.num_experts), world, coord_hosts,
-                                                                   stats.get(), r["redundant"].as<int>()));
-    }
-    cluster::check_placement(*placement, cfg, world);
-
-    ExpertStoreOptions so;
-    so.budget_bytes = parse_bytes(r["expert-cache-bytes"].as<std::string>());
-    so.budget_experts = r["expert-cache-experts"].as<int64_t>();
-    if (so.budget_experts < 0) throw Error(Status::InvalidArgument, "--expert-cache-experts must be >= 0");
-    so.policy = r["cache-policy"].as<std::string>();
-    so.decay = r["cache-decay"].as<double>();
-    if (so.policy == "pinned") {
-      if (!stats) throw Error(Status::InvalidArgument, "--cache-policy pinned needs --stats STATS.json");
-      if (stats->num_layers != cfg.num_moe_layers() || stats->num_experts != cfg.num_experts)
-        throw Error(Status::InvalidArgument, "--stats describes " + std::to_string(stats->num_layers) + " layers x " +
-                                                 std::to_string(stats->num_experts) + " experts, the model has " +
-                                                 std::to_string(cfg.num_moe_layers()) + " x " + std::to_string(cfg.num_experts));
-      so.pinned = hottest_keys(*stats, file->experts().size());
-    }
-    std::string fault;
-    if (r.count("inject-fault")) {
-      std::string f = r["inject-fault"].as<std::string>();
-      size_t colon = f.find(':');
-      if (colon == std::string::npos) throw Error(Status::InvalidArgument, "--inject-fault RANK:kill:N");
-      if (std::stoi(f.substr(0, colon)) == rank) fault = f.substr(colon + 1);
-    }
-
+    ExpertSetup es = expert_setup(r, *file, rank, world);
+    const std::string& fault = es.fault;
     if (rank != 0) {
-      cluster::WorkerOptions wo;
-      wo.store = so;
-      wo.fault = fault;
-      cluster::serve(file, placement, *comm, wo);
-      comm->barrier();
-      comm.reset();
-      mpi_runtime::finalize();
+      serve_worker(rt, file, es);
       return 0;
     }
 
@@ -315,8 +193,8 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       for (const auto& q : reqs) need = std::max<int64_t>(need, static_cast<int64_t>(q.prompt.size()) + std::max(max_new, 0));
       eo.max_context = std::min<int64_t>(std::max<int64_t>(need, 1), cfg.max_position_embeddings);
     }
-    eo.placement = placement;
-    eo.store = so;
+    eo.placement = es.placement;
+    eo.store = es.store;
     eo.trace = trace.get();
     Engine engine(file, eo, *comm);
     engine.start_workers();  // now, so that even an early stop finds the workers set up
@@ -400,25 +278,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
                 st.decode_seconds > 0 ? st.decode_tokens / st.decode_seconds : 0.0);
 
     // Every rank's expert cache and traffic.
-    cluster::RankReport mine;
-    mine.rank = 0;
-    if (Worker* w = engine.local_worker()) {
-      CacheStats cs = w->store().stats();
-      mine.hits = cs.hits, mine.misses = cs.misses, mine.bytes_loaded = cs.bytes_loaded, mine.evictions = cs.evictions;
-      mine.cache_slots = w->store().slots();
-      std::snprintf(mine.policy, sizeof mine.policy, "%s", w->store().policy());
-      for (int l = 0; l < cfg.num_moe_layers(); ++l)
-        for (int e = 0; e < cfg.num_experts; ++e) mine.experts_owned += placement->owns(0, l, e);
-    }
-    mine.rows_served = engine.dispatch_stats().rows_served;
-    mine.bytes_sent = comm->stats().bytes_sent;
-    mine.bytes_received = comm->stats().bytes_received;
-    mine.peak_rss_kb = cluster::peak_rss_kb();
-    std::vector<cluster::RankReport> reports{mine};
-    if (world > 1) {
-      cluster::send_op(*comm, cluster::Op::Report);
-      reports = cluster::gather_reports(*comm, mine);
-    }
+    const std::vector<cluster::RankReport> reports = rank_reports(engine, *comm);
     std::fprintf(rep, "%-5s %-8s %7s %8s %8s %9s %9s %10s %11s %11s %9s\n", "rank", "policy", "experts", "slots", "hits",
                 "misses", "hit rate", "loaded MiB", "evictions", "rows served", "RSS MiB");
     for (const auto& rr : reports) {
@@ -457,32 +317,10 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       spdlog::info("wrote {}logits [{}, {}, {}] to {}", sig ? "partial " : "", out.size(), P, V,
                    r["dump-logits"].as<std::string>());
     }
-    comm.reset();
-    if (comm_kind != "local") mpi_runtime::finalize();
+    rt.finish();
     std::fflush(stdout);
     return sig ? 128 + sig : 0;
-  } catch (const Error& e) {
-    if (world > 1) {
-      // NOTE: one rank's error must end the whole job, not leave peers waiting.
-      spdlog::error("{}", e.what());
-      std::fflush(stdout);
-      std::fflush(stderr);
-      mpi_runtime::abort(exit_code(e.status()));
-    }
-    throw;
-  } catch (const std::bad_alloc&) {
-    if (world > 1) {
-      spdlog::error("rank {}: out of memory", rank);
-      mpi_runtime::abort(exit_code(Status::OutOfMemory));
-    }
-    throw;
-  } catch (const std::exception& e) {
-    if (world > 1) {
-      spdlog::error("rank {}: {}", rank, e.what());
-      mpi_runtime::abort(exit_code(Status::Internal));
-    }
-    throw;
-  }
+  });
 }
 
 }  // namespace

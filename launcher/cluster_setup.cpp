@@ -1,0 +1,215 @@
+// cluster_setup.cpp: the cluster plumbing shared by `colibri run` and `colibri bench`.
+#include "launcher/cluster_setup.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "kernels/cpu/kernels.h"
+#include "launcher/signals.h"
+#include "model/error.h"
+#include "worker/worker.h"
+
+namespace colibri::cli {
+
+namespace {
+
+// Top `limit` keys by load among all experts (pinned cache policy).
+std::vector<uint64_t> hottest_keys(const ExpertStats& st, size_t limit) {
+  std::vector<std::pair<uint64_t, uint64_t>> v;  // (load, key)
+  for (int l = 0; l < st.num_layers; ++l)
+    for (int e = 0; e < st.num_experts; ++e)
+      v.push_back({st.load[static_cast<size_t>(l)][static_cast<size_t>(e)], static_cast<uint64_t>(l) * st.num_experts + e});
+  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<uint64_t> k;
+  for (size_t i = 0; i < v.size() && i < limit; ++i) k.push_back(v[i].second);
+  return k;
+}
+
+}  // namespace
+
+void add_cluster_options(cxxopts::Options& o) {
+  o.add_options("experts")("placement", "Placement JSON (which ranks own which experts)", cxxopts::value<std::string>())(
+      "policy", "Without --placement: contiguous, round_robin, balanced or replicated",
+      cxxopts::value<std::string>()->default_value("contiguous"))(
+      "stats", "Expert-load STATS.json for the balanced/replicated policies and the pinned cache",
+      cxxopts::value<std::string>())(
+      "redundant", "Replicated policy: extra replicas per layer", cxxopts::value<int>()->default_value("0"))(
+      "coordinator-experts", "Rank 0 hosts experts too (always so with one rank)")(
+      "expert-cache-bytes", "Fast-tier budget per rank in bytes (K/M/G suffix); 0 = no fast tier",
+      cxxopts::value<std::string>()->default_value("0"))(
+      "expert-cache-experts", "Fast-tier budget per rank in experts", cxxopts::value<int64_t>()->default_value("0"))(
+      "cache-policy", "lru, lfu, hybrid, pinned, ...", cxxopts::value<std::string>()->default_value("lru"))(
+      "cache-decay", "Hybrid policy: decay per tick", cxxopts::value<double>()->default_value("0.9"));
+  o.add_options("cluster")("comm", "Communicator: auto (mpi under mpirun/srun, else local), local, mpi, nccl",
+                           cxxopts::value<std::string>()->default_value("auto"))(
+      "gpu", "NCCL backend: GPU of this rank; -1 = the local rank", cxxopts::value<int>()->default_value("-1"))(
+      "comm-timeout", "Seconds a rank waits for a peer before failing", cxxopts::value<double>()->default_value("120"))(
+      "inject-fault", "Testing aid: RANK:kill:N kills a worker at its N-th forward pass, rank 0 at its N-th token; RANK:kill:start at start-up", cxxopts::value<std::string>());
+}
+
+void ClusterRuntime::finish() {
+  comm.reset();
+  if (comm_kind != "local") mpi_runtime::finalize();
+}
+
+ClusterRuntime open_cluster(const cxxopts::ParseResult& r, bool local_only) {
+  ClusterRuntime rt;
+  // The communicator first: every rank must reach the same collectives.
+  std::string kind = local_only ? "local" : r["comm"].as<std::string>();
+  if (kind == "auto") kind = mpi_runtime::launched_by_mpi() ? "mpi" : "local";
+  if (kind == "local") {
+    rt.comm = make_local_communicator();
+  } else if (kind == "mpi" || kind == "nccl") {
+    mpi_runtime::init();
+    if (kind == "mpi") {
+      rt.comm = make_mpi_communicator();
+    } else {
+      int gpu = r["gpu"].as<int>();
+      if (gpu < 0) {
+        const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+        gpu = lr ? std::atoi(lr) : 0;
+      }
+      rt.comm = make_nccl_communicator(gpu);
+      if (!rt.comm) throw Error(Status::Unsupported, "this build has no NCCL (CUDA and NCCL were not found at configure time)");
+    }
+    if (!rt.comm) throw Error(Status::Unsupported, "this build has no MPI (configure with Open MPI installed)");
+  } else {
+    throw Error(Status::InvalidArgument, "--comm '" + kind + "' (auto, local, mpi, nccl)");
+  }
+  rt.comm_kind = kind;
+  rt.comm->set_timeout(r["comm-timeout"].as<double>());
+  // SIGINT/SIGTERM: the coordinator stops between forward passes, tells the
+  // workers to stop, and reports what it has; workers keep serving until then
+  // (at most 10 s more).
+  install_stop_handlers();
+  rt.comm->set_interrupt(stop_flag(), 10.0);
+  rt.rank = rt.comm->rank();
+  rt.world = rt.comm->size();
+  if (rt.world > 1) spdlog::set_pattern("[%H:%M:%S.%e] [rank " + std::to_string(rt.rank) + "] [%^%l%$] %v");
+  return rt;
+}
+
+int set_rank_threads(int threads, int world) {
+  if (threads < 0) throw Error(Status::InvalidArgument, "--threads must be >= 0");
+  if (threads == 0 && world > 1) {
+    // NOTE: ranks on one node share its cores; by default each gets its share.
+    int cores = static_cast<int>(std::thread::hardware_concurrency());
+    threads = std::max(1, cores / std::max(1, mpi_runtime::local_size()));
+  }
+  return kernels::set_threads(threads);
+}
+
+ExpertSetup expert_setup(const cxxopts::ParseResult& r, const ColibriFile& file, int rank, int world) {
+  const ModelConfig& cfg = file.config();
+  ExpertSetup es;
+  if (r.count("stats")) es.stats = std::make_unique<ExpertStats>(load_expert_stats(r["stats"].as<std::string>()));
+  const bool coord_hosts = world == 1 || r.count("coordinator-experts") > 0;
+  const int L = static_cast<int>(cfg.num_moe_layers()), E = static_cast<int>(cfg.num_experts);
+  if (r.count("placement"))
+    es.placement = std::make_shared<const Placement>(Placement::load(r["placement"].as<std::string>(), world, L, E));
+  else
+    es.placement = std::make_shared<const Placement>(
+        make_placement(r["policy"].as<std::string>(), L, E, world, coord_hosts, es.stats.get(), r["redundant"].as<int>()));
+  cluster::check_placement(*es.placement, cfg, world);
+
+  ExpertStoreOptions& so = es.store;
+  so.budget_bytes = parse_bytes(r["expert-cache-bytes"].as<std::string>());
+  so.budget_experts = r["expert-cache-experts"].as<int64_t>();
+  if (so.budget_experts < 0) throw Error(Status::InvalidArgument, "--expert-cache-experts must be >= 0");
+  so.policy = r["cache-policy"].as<std::string>();
+  so.decay = r["cache-decay"].as<double>();
+  if (so.policy == "pinned") {
+    if (!es.stats) throw Error(Status::InvalidArgument, "--cache-policy pinned needs --stats STATS.json");
+    if (es.stats->num_layers != L || es.stats->num_experts != E)
+      throw Error(Status::InvalidArgument, "--stats describes " + std::to_string(es.stats->num_layers) + " layers x " +
+                                               std::to_string(es.stats->num_experts) + " experts, the model has " +
+                                               std::to_string(L) + " x " + std::to_string(E));
+    so.pinned = hottest_keys(*es.stats, file.experts().size());
+  }
+  if (r.count("inject-fault")) {
+    std::string f = r["inject-fault"].as<std::string>();
+    size_t colon = f.find(':');
+    if (colon == std::string::npos) throw Error(Status::InvalidArgument, "--inject-fault RANK:kill:N");
+    if (std::stoi(f.substr(0, colon)) == rank) es.fault = f.substr(colon + 1);
+  }
+  return es;
+}
+
+void serve_worker(ClusterRuntime& rt, const std::shared_ptr<const ColibriFile>& file, const ExpertSetup& es) {
+  cluster::WorkerOptions wo;
+  wo.store = es.store;
+  wo.fault = es.fault;
+  cluster::serve(file, es.placement, *rt.comm, wo);
+  rt.comm->barrier();
+  rt.finish();
+}
+
+std::vector<cluster::RankReport> rank_reports(Engine& engine, Communicator& comm) {
+  const ModelConfig& cfg = engine.config();
+  cluster::RankReport mine;
+  mine.rank = 0;
+  if (Worker* w = engine.local_worker()) {
+    CacheStats cs = w->store().stats();
+    mine.hits = cs.hits, mine.misses = cs.misses, mine.bytes_loaded = cs.bytes_loaded, mine.evictions = cs.evictions;
+    mine.cache_slots = w->store().slots();
+    std::snprintf(mine.policy, sizeof mine.policy, "%s", w->store().policy());
+    for (int l = 0; l < cfg.num_moe_layers(); ++l)
+      for (int e = 0; e < cfg.num_experts; ++e) mine.experts_owned += engine.placement().owns(0, l, e);
+  }
+  mine.rows_served = engine.dispatch_stats().rows_served;
+  mine.bytes_sent = comm.stats().bytes_sent;
+  mine.bytes_received = comm.stats().bytes_received;
+  mine.peak_rss_kb = cluster::peak_rss_kb();
+  mine.stages = engine.stage_times();
+  if (comm.size() == 1) return {mine};
+  cluster::send_op(comm, cluster::Op::Report);
+  return cluster::gather_reports(comm, mine);
+}
+
+void abort_cluster(const ClusterRuntime& rt) {
+  // NOTE: one rank's error must end the whole job, not leave peers waiting.
+  int code = exit_code(Status::Internal);
+  try {
+    throw;
+  } catch (const Error& e) {
+    spdlog::error("{}", e.what());
+    code = exit_code(e.status());
+  } catch (const std::bad_alloc&) {
+    spdlog::error("rank {}: out of memory", rt.rank);
+    code = exit_code(Status::OutOfMemory);
+  } catch (const std::exception& e) {
+    spdlog::error("rank {}: {}", rt.rank, e.what());
+  } catch (...) {
+    spdlog::error("rank {}: unknown error", rt.rank);
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  mpi_runtime::abort(code);
+  std::_Exit(code);
+}
+
+uint64_t parse_bytes(const std::string& s) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || !std::isfinite(v) || v < 0 || v > 1e18) throw Error(Status::InvalidArgument, "'" + s + "' is not a byte count");
+  std::string unit = s.substr(used);
+  double mult = 1;
+  if (unit == "K" || unit == "KiB") mult = 1024.0;
+  else if (unit == "M" || unit == "MiB") mult = 1048576.0;
+  else if (unit == "G" || unit == "GiB") mult = 1073741824.0;
+  else if (!unit.empty()) throw Error(Status::InvalidArgument, "unknown unit '" + unit + "' in '" + s + "' (K, M, G)");
+  return static_cast<uint64_t>(v * mult);
+}
+
+}  // namespace colibri::cli

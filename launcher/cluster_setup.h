@@ -1,0 +1,81 @@
+// cluster_setup.h: what `colibri run` and `colibri bench` share to run as an
+// expert-parallel cluster: the expert/cluster options, the communicator, the
+// placement and expert-store options, the worker ranks' life, every rank's
+// report, and the rule that one rank's error ends the whole job.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "coordinator/cluster.h"
+#include "coordinator/engine.h"
+#include "coordinator/placement.h"
+#include "coordinator/routing_trace.h"
+#include "launcher/commands.h"
+#include "model/colibri_file.h"
+#include "worker/expert_store.h"
+
+namespace colibri::cli {
+
+// The "experts" group (--placement, --policy, --stats, --redundant,
+// --coordinator-experts, --expert-cache-bytes, --expert-cache-experts,
+// --cache-policy, --cache-decay) and the "cluster" group (--comm, --gpu,
+// --comm-timeout, --inject-fault).
+void add_cluster_options(cxxopts::Options& o);
+
+struct ClusterRuntime {
+  std::string comm_kind;  // local, mpi or nccl
+  std::unique_ptr<Communicator> comm;
+  int rank = 0, world = 1;
+  // Ends the communicator (and MPI when it was started).
+  void finish();
+};
+
+// The communicator from --comm (auto: mpi under mpirun/srun, else local;
+// `local_only` forces the in-process one), with --comm-timeout, the SIGINT/
+// SIGTERM stop flag and, with several ranks, the rank in every log line.
+ClusterRuntime open_cluster(const cxxopts::ParseResult& r, bool local_only = false);
+
+// --threads for this rank: 0 = all cores for one rank, the cores divided among
+// this node's ranks otherwise. Applies it (kernels::set_threads); returns it.
+int set_rank_threads(int requested, int world);
+
+struct ExpertSetup {
+  std::unique_ptr<ExpertStats> stats;  // --stats
+  std::shared_ptr<const Placement> placement;
+  ExpertStoreOptions store;
+  std::string fault;  // --inject-fault for this rank ("" if none)
+};
+// Placement (from --placement or --policy for this world), the expert store
+// options and this rank's fault; throws Error(InvalidArgument) naming the option.
+ExpertSetup expert_setup(const cxxopts::ParseResult& r, const ColibriFile& file, int rank, int world);
+
+// A worker rank's whole life: serves until the coordinator stops it.
+void serve_worker(ClusterRuntime& rt, const std::shared_ptr<const ColibriFile>& file, const ExpertSetup& es);
+
+// Rank 0's own report (cache, rows, traffic, RSS, stage times) and, with
+// several ranks, every rank's (a collective: the workers answer a Report op).
+std::vector<cluster::RankReport> rank_reports(Engine& engine, Communicator& comm);
+
+// Runs `body`; with several ranks, an error on this rank is logged and ends
+// the whole job (MPI_Abort with the error's exit code) instead of leaving the
+// peers waiting. With one rank the error propagates as usual.
+template <class F>
+int run_guarded(const ClusterRuntime& rt, F&& body);
+[[noreturn]] void abort_cluster(const ClusterRuntime& rt);  // inside a catch block: logs and aborts
+
+template <class F>
+int run_guarded(const ClusterRuntime& rt, F&& body) {
+  try {
+    return body();
+  } catch (...) {
+    if (rt.world > 1) abort_cluster(rt);
+    throw;
+  }
+}
+
+// "5" / "8.5M" / "2G" ... (K, M, G = 2^10, 2^20, 2^30) -> bytes.
+uint64_t parse_bytes(const std::string& s);
+
+}  // namespace colibri::cli
