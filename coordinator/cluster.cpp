@@ -46,6 +46,13 @@ uint64_t peak_rss_kb() {
   return static_cast<uint64_t>(ru.ru_maxrss);
 }
 
+double cpu_seconds() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 void check_placement(const Placement& p, const ModelConfig& c, int world) {
   p.check_fits(world, static_cast<int>(c.num_moe_layers()), static_cast<int>(c.num_experts));
 }
@@ -113,6 +120,7 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
         r.bytes_sent = comm.stats().bytes_sent;
         r.bytes_received = comm.stats().bytes_received;
         r.peak_rss_kb = peak_rss_kb();
+        r.cpu_seconds = cpu_seconds();
         r.stages = clock.times();
         gather_reports(comm, r);
         clock.mark();  // the report is not a stage

@@ -33,6 +33,7 @@ struct RankReport {
   uint64_t rows_served = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t peak_rss_kb = 0;
+  double cpu_seconds = 0;  // user + system CPU time of this process so far
   char policy[16] = {0};
   StageTimes stages;  // where this rank's time went
 };
@@ -44,6 +45,7 @@ void send_setup(Communicator& comm, const Setup& s);
 // Gathers every rank's report on rank 0 (every rank calls it after a Report op).
 std::vector<RankReport> gather_reports(Communicator& comm, const RankReport& mine);
 uint64_t peak_rss_kb();
+double cpu_seconds();  // user + system CPU time of this process
 
 struct WorkerOptions {
   ExpertStoreOptions store;

@@ -19,6 +19,7 @@ DispatchStats& DispatchStats::operator+=(const DispatchStats& o) {
   layers += o.layers;
   token_layers += o.token_layers;
   token_ranks_remote += o.token_ranks_remote;
+  distinct_experts += o.distinct_experts;
   return *this;
 }
 
@@ -63,6 +64,7 @@ MoeDispatcher::MoeDispatcher(const ModelConfig& cfg, const Placement& placement,
   slot_pos_.resize(static_cast<size_t>(max_rows * k_));
   pair_rank_.resize(static_cast<size_t>(max_rows * k_));
   rank_rows_.resize(static_cast<size_t>(world_));
+  chosen_.resize(static_cast<size_t>(experts_));
   for (auto* v : {&sb_, &so_, &rb_, &ro_}) v->resize(static_cast<size_t>(world_));
   // Buffers by role: the coordinator (rank 0) packs and combines; a rank that
   // hosts experts receives and returns. NOTE: a rank receives at most the pairs
@@ -116,6 +118,9 @@ void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32
     }
   DispatchStats& st = stats_[static_cast<int>(clock_.phase())];
   st.token_layers += static_cast<uint64_t>(rows);
+  std::fill(chosen_.begin(), chosen_.end(), uint8_t{0});
+  for (int64_t i = 0; i < rows * k_; ++i) chosen_[static_cast<size_t>(experts[i])] = 1;
+  for (uint8_t c : chosen_) st.distinct_experts += c;
   for (int64_t t = 0; t < rows; ++t) {
     const int32_t* pr = pair_rank_.data() + t * k_;
     for (int64_t j = 0; j < k_; ++j) {
@@ -182,14 +187,18 @@ void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32
   if (roff > max_rows_ * k_) throw Error(Status::Comm, "rank " + std::to_string(comm_.rank()) + ": received more MoE rows than sized for");
   clock_.lap(Stage::DispatchPlan);
   comm_.alltoallv(send_.data(), sb_.data(), so_.data(), recv_.data(), rb_.data(), ro_.data());
+  // NOTE: MPI may complete a large send only when the receiver next enters the
+  // library; without this barrier the coordinator's send would end after the
+  // workers' experts and count their time as its exchange.
+  if (stage_sync_ && W > 1) comm_.barrier();
   clock_.lap(Stage::Exchange);
   // 4. Experts on this rank.
   if (roff > 0) {
     if (!local_) throw Error(Status::Internal, "rank " + std::to_string(comm_.rank()) + " hosts no experts but was sent rows");
     local_->compute(layer, recv_counts_.data(), recv_.data(), result_.data());
     st.rows_served += static_cast<uint64_t>(roff);
+    clock_.lap(Stage::ExpertFfn);
   }
-  clock_.lap(Stage::ExpertFfn);
   if (stage_sync_ && W > 1) {
     comm_.barrier();
     clock_.lap(Stage::Wait);

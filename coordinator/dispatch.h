@@ -25,6 +25,7 @@ struct DispatchStats {
   // to move each way at the least (a token sent once to each rank that serves
   // any of its experts there, its results reduced there before returning).
   uint64_t token_ranks_remote = 0;
+  uint64_t distinct_experts = 0;  // distinct experts chosen per layer, summed over layers and passes
 
   DispatchStats& operator+=(const DispatchStats& o);
 };
@@ -59,9 +60,10 @@ class MoeDispatcher {
   // this with rows = 0 to serve its experts.
   void forward(int layer, const float* x, int64_t rows, const int32_t* experts, const float* weights, float* out);
 
-  // Every rank must agree (a collective): with it, a barrier before the
-  // results return separates waiting for the slowest rank's experts (Wait)
-  // from the transfer itself (Exchange), at the cost of one barrier per layer.
+  // Every rank must agree (a collective): with it, a barrier after the rows
+  // arrive and one before the results return separate waiting for the slowest
+  // rank's experts (Wait) from the transfers (Exchange), at the cost of two
+  // barriers per layer.
   void set_stage_sync(bool on) { stage_sync_ = on; }
   bool stage_sync() const { return stage_sync_; }
 
@@ -82,6 +84,7 @@ class MoeDispatcher {
   std::vector<int64_t> next_;                        // [world][experts] fill cursor
   std::vector<int32_t> pair_rank_;                   // [rows * k] the rank serving each pair
   std::vector<int64_t> rank_rows_;                   // [world] pairs assigned per rank in this layer
+  std::vector<uint8_t> chosen_;                      // [experts] chosen in this layer
   std::vector<uint64_t> sb_, so_, rb_, ro_;          // bytes and offsets per rank
   std::vector<float> send_, recv_, result_, back_;   // rows: [max_rows * k][hidden]
   std::vector<std::vector<int32_t>> hosts_;          // [layer] ranks owning experts of it

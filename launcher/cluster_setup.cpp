@@ -45,7 +45,11 @@ void add_cluster_options(cxxopts::Options& o) {
       cxxopts::value<std::string>()->default_value("0"))(
       "expert-cache-experts", "Fast-tier budget per rank in experts", cxxopts::value<int64_t>()->default_value("0"))(
       "cache-policy", "lru, lfu, hybrid, pinned, ...", cxxopts::value<std::string>()->default_value("lru"))(
-      "cache-decay", "Hybrid policy: decay per tick", cxxopts::value<double>()->default_value("0.9"));
+      "cache-decay", "Hybrid policy: decay per tick", cxxopts::value<double>()->default_value("0.9"))(
+      "routing-replay",
+      "Replace the router's choices with a recorded trace's (same experts and top-k; e.g. "
+      "../shared/traces/mixtral-8x7b/*.jsonl), each layer's rows in order",
+      cxxopts::value<std::string>());
   o.add_options("cluster")("comm", "Communicator: auto (mpi under mpirun/srun, else local), local, mpi, nccl",
                            cxxopts::value<std::string>()->default_value("auto"))(
       "gpu", "NCCL backend: GPU of this rank; -1 = the local rank", cxxopts::value<int>()->default_value("-1"))(
@@ -132,6 +136,11 @@ ExpertSetup expert_setup(const cxxopts::ParseResult& r, const ColibriFile& file,
                                                std::to_string(L) + " x " + std::to_string(E));
     so.pinned = hottest_keys(*es.stats, file.experts().size());
   }
+  if (rank == 0 && r.count("routing-replay")) {
+    es.replay_path = r["routing-replay"].as<std::string>();
+    es.replay = std::make_shared<RoutingReplay>(read_routing_trace(es.replay_path));
+    es.replay->check(cfg);
+  }
   if (r.count("inject-fault")) {
     std::string f = r["inject-fault"].as<std::string>();
     size_t colon = f.find(':');
@@ -166,6 +175,7 @@ std::vector<cluster::RankReport> rank_reports(Engine& engine, Communicator& comm
   mine.bytes_sent = comm.stats().bytes_sent;
   mine.bytes_received = comm.stats().bytes_received;
   mine.peak_rss_kb = cluster::peak_rss_kb();
+  mine.cpu_seconds = cluster::cpu_seconds();
   mine.stages = engine.stage_times();
   if (comm.size() == 1) return {mine};
   cluster::send_op(comm, cluster::Op::Report);

@@ -46,9 +46,11 @@ struct ExpertSetup {
   std::shared_ptr<const Placement> placement;
   ExpertStoreOptions store;
   std::string fault;  // --inject-fault for this rank ("" if none)
+  std::shared_ptr<RoutingReplay> replay;  // --routing-replay (rank 0 only)
+  std::string replay_path;
 };
 // Placement (from --placement or --policy for this world), the expert store
-// options and this rank's fault; throws Error(InvalidArgument) naming the option.
+// options, this rank's fault and (rank 0) the routing replay; throws Error(InvalidArgument) naming the option.
 ExpertSetup expert_setup(const cxxopts::ParseResult& r, const ColibriFile& file, int rank, int world);
 
 // A worker rank's whole life: serves until the coordinator stops it.

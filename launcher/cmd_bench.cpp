@@ -9,11 +9,18 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <limits>
+#include <sstream>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -29,6 +36,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/routing_trace.h"
 #include "kernels/cpu/kernels.h"
+#include "launcher/cluster_setup.h"
 #include "launcher/commands.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
@@ -120,6 +128,12 @@ class NoiseProbe {
     const double cpus = std::max(1u, std::thread::hardware_concurrency());
     share_ = wall > 0 ? others_ / (wall * cpus) : 0;
     wall_ = wall;
+  }
+  // CPU time of processes that are part of the measurement (worker ranks).
+  void exclude(double cpu_s) {
+    others_ = std::max(0.0, others_ - cpu_s);
+    const double cpus = std::max(1u, std::thread::hardware_concurrency());
+    share_ = wall_ > 0 ? others_ / (wall_ * cpus) : 0;
   }
   // NOTE: /proc/stat counts in clock ticks (10 ms): below 0.05 CPU s it is rounding.
   bool noisy() const { return share_ > 0.02 && others_ > 0.05; }
@@ -243,75 +257,6 @@ EngineOptions engine_options(int64_t B, int64_t P, int64_t N, int64_t chunk) {
   return eo;
 }
 
-// Runs the requests once more with the routing recorded and counts, per decode
-// step and MoE layer, the distinct experts the batch used; returns the mean
-// routed bytes per step.
-void routed_from_trace(const std::shared_ptr<const ColibriFile>& file, const std::vector<Request>& reqs, int64_t P,
-                       int64_t N, int64_t chunk, ModelBytes& b) {
-  const ModelConfig& c = file->config();
-  namespace fs = std::filesystem;
-  std::string tmpl = (fs::temp_directory_path() / "colibri-bench-routing.XXXXXX").string();
-  int fd = mkstemp(tmpl.data());
-  if (fd < 0) throw Error(Status::Io, "cannot create a temporary file for the routing trace in " + fs::temp_directory_path().string());
-  ::close(fd);
-  const std::string path = tmpl;
-  struct Cleanup {
-    std::string p;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove(p, ec);
-      fs::remove(p + ".tmp", ec);
-    }
-  } cleanup{path};
-
-  const int M = static_cast<int>(c.num_moe_layers());
-  {
-    RoutingTraceWriter trace(path, M, static_cast<int>(c.num_experts), static_cast<int>(c.experts_per_token));
-    auto comm = make_local_communicator();
-    EngineOptions eo = engine_options(static_cast<int64_t>(reqs.size()), P, N, chunk);
-    eo.trace = &trace;
-    Engine engine(file, eo, *comm);
-    engine.start_workers();
-    GenerateOptions go;
-    engine.generate(reqs, go);
-    engine.stop_workers();
-    trace.close();
-  }
-  RoutingTrace t = read_routing_trace(path);
-  // step -> layer -> experts; a step is a decode step when every row is past the prompt.
-  std::map<int64_t, std::vector<std::set<int32_t>>> used;
-  std::map<int64_t, bool> is_decode;
-  for (const auto& rec : t.records) {
-    auto& layers = used[rec.step];
-    if (layers.empty()) layers.resize(static_cast<size_t>(M));
-    if (rec.layer < 0 || rec.layer >= M) throw Error(Status::Internal, "routing trace names MoE layer " + std::to_string(rec.layer));
-    for (int32_t e : rec.experts) layers[static_cast<size_t>(rec.layer)].insert(e);
-    auto it = is_decode.find(rec.step);
-    const bool dec = rec.pos >= P;
-    if (it == is_decode.end()) is_decode[rec.step] = dec;
-    else it->second = it->second && dec;
-  }
-  double bytes = 0, distinct = 0;
-  int64_t steps = 0;
-  for (const auto& [step, layers] : used) {
-    if (!is_decode[step]) continue;
-    ++steps;
-    for (int l = 0; l < M; ++l)
-      for (int32_t e : layers[static_cast<size_t>(l)]) {
-        bytes += static_cast<double>(file->expert(l, e).size);
-        distinct += 1;
-      }
-  }
-  if (steps != N - 1)
-    spdlog::warn("the routing trace holds {} decode steps, expected {}", steps, N - 1);
-  if (steps == 0) throw Error(Status::Internal, "the routing trace holds no decode step");
-  b.routed = bytes / static_cast<double>(steps);
-  b.distinct_per_layer = distinct / static_cast<double>(steps) / M;
-  b.decode_steps_traced = steps;
-  b.routed_source = "routing trace: distinct experts per MoE layer per decode step, averaged over " +
-                    std::to_string(steps) + " steps";
-}
-
 struct RepResult {
   GenerateStats st;
   double prefill_tps = 0, decode_tps = 0, ms_per_step = 0, weight_gbps = 0, total_gbps = 0;
@@ -319,7 +264,97 @@ struct RepResult {
   double prefill_gemm_flops = 0, prefill_gemm_seconds = 0, prefill_gemm_gflops = 0;
 };
 
-int bench_model(const cxxopts::ParseResult& r) {
+// A rank's counters over the timed repetitions: `after` - `before` (peak RSS,
+// slots and ownership as of `after`).
+cluster::RankReport window(const cluster::RankReport& after, const cluster::RankReport& before) {
+  cluster::RankReport d = after;
+  d.hits -= before.hits, d.misses -= before.misses, d.bytes_loaded -= before.bytes_loaded;
+  d.evictions -= before.evictions, d.rows_served -= before.rows_served;
+  d.bytes_sent -= before.bytes_sent, d.bytes_received -= before.bytes_received;
+  d.cpu_seconds -= before.cpu_seconds;
+  d.stages = after.stages.minus(before.stages);
+  return d;
+}
+
+// Nearest-rank percentile of v (sorted ascending); NaN when empty.
+double percentile(const std::vector<double>& v, double p) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  const size_t i = static_cast<size_t>(std::max(0.0, std::ceil(p / 100.0 * static_cast<double>(v.size())) - 1.0));
+  return v[std::min(i, v.size() - 1)];
+}
+
+// The expert-parallel figures of the timed repetitions (any world size).
+struct ClusterFigures {
+  int world = 1;
+  std::vector<double> step_ms;  // every decode step of every timed rep, sorted
+  double p50 = 0, p90 = 0, p99 = 0, mean = 0;
+  uint64_t decode_steps = 0, decode_tokens = 0;
+  double exchange_bytes_per_token = 0, min_bytes_per_token = 0;
+  std::vector<double> balancedness;  // [MoE layer] decode, mean over steps
+  double balancedness_mean = 0;
+  std::vector<cluster::RankReport> ranks;           // timed window
+  std::vector<std::vector<double>> stage_ms;        // [rank][stage, then other] per decode step
+  std::vector<double> hit_rate;                     // [rank] NaN without experts or accesses
+  double hit_rate_all = 0;
+  double rss_max_mib = 0;
+};
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+std::string csv_num(double v) {
+  if (!std::isfinite(v)) return "nan";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+std::string join(const std::vector<double>& v, int mul = 1) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ";" : "") + csv_num(v[i] * mul);
+  return s;
+}
+
+// Appends `row` to the CSV at `path`, writing `header` first when the file is
+// new or empty; refuses a file whose header differs. One write(2) per row.
+void append_csv(const std::string& path, const std::string& header, const std::string& row) {
+  {
+    std::ifstream in(path);
+    std::string first;
+    if (in && std::getline(in, first) && !first.empty() && first != header) {
+      // Name the first column that differs.
+      std::stringstream a(first), b(header);
+      std::string x, y;
+      int i = 0;
+      while (true) {
+        const bool ha = static_cast<bool>(std::getline(a, x, ',')), hb = static_cast<bool>(std::getline(b, y, ','));
+        if (!ha || !hb || x != y) {
+          bad_arg("--csv " + path + " has other columns (column " + std::to_string(i + 1) + ": '" + (ha ? x : "") +
+                  "', this build writes '" + (hb ? y : "") + "'); write to a new file");
+        }
+        ++i;
+      }
+    }
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd < 0) throw Error(Status::Io, "cannot open --csv " + path + ": " + std::strerror(errno));
+  const bool empty = ::lseek(fd, 0, SEEK_END) == 0;
+  const std::string text = (empty ? header + "\n" : std::string()) + row + "\n";
+  const ssize_t n = ::write(fd, text.data(), text.size());
+  const int err = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(text.size())) throw Error(Status::Io, "cannot write --csv " + path + ": " + std::strerror(err));
+}
+
+int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const std::string& command) {
   if (!r.count("model")) bad_arg("--model FILE is required (or --memory-bandwidth or --peak-flops)");
   const int64_t B = int_opt(r, "batch", 1), P = int_opt(r, "prompt-len", 128), N = int_opt(r, "new-tokens", 32);
   const int64_t reps = int_opt(r, "reps", 3), warmup = int_opt(r, "warmup", 1), chunk = int_opt(r, "prefill-chunk", 256);
@@ -338,10 +373,11 @@ int bench_model(const cxxopts::ParseResult& r) {
     bad_arg("--kernels '" + kn + "' is not available on this CPU (auto, avx512, avx2, generic)");
   const int64_t topt = int_opt(r, "threads", 0);
   if (topt < 0 || topt > 4096) bad_arg("--threads must be in [0, 4096] (got " + std::to_string(topt) + ")");
-  const int threads = kernels::set_threads(static_cast<int>(topt));
+  const int rank = rt.rank, world = rt.world;
+  const int threads = set_rank_threads(static_cast<int>(topt), world);
 
   ColibriFile::Options fo;
-  fo.verify_dense = r.count("no-verify") == 0;
+  fo.verify_dense = rank == 0 && r.count("no-verify") == 0;
   const std::string model_path = r["model"].as<std::string>();
   std::error_code ec;
   if (!std::filesystem::is_regular_file(model_path, ec))
@@ -367,6 +403,14 @@ int bench_model(const cxxopts::ParseResult& r) {
               human_bytes(kv + act) + " for the KV cache and activations, more than 80% of the " + human_bytes(phys) +
               " of memory");
   }
+  ExpertSetup es = expert_setup(r, *file, rank, world);
+  if (rank != 0) {
+    serve_worker(rt, file, es);
+    return 0;
+  }
+  const std::shared_ptr<RoutingReplay> replay = es.replay;
+  const std::string& replay_path = es.replay_path;
+  const bool stage_sync = world > 1 && r.count("no-stage-sync") == 0;
 
   const std::vector<Request> reqs = make_requests(c, B, P, N, seed);
   const TensorView& embd = file->tensor(tname::token_embd());
@@ -381,27 +425,49 @@ int bench_model(const cxxopts::ParseResult& r) {
   NoiseProbe noise;
   std::vector<std::vector<int32_t>> first_tokens;
   bool identical = true;
+  Communicator& comm = *rt.comm;
+  std::vector<cluster::RankReport> before, after;
+  DispatchStats disp_before, disp_after;
+  LayerBalance bal_before, bal_after;
+  uint64_t decode_bytes = 0;  // rank 0's bytes sent + received during the timed decodes
   {
-    auto comm = make_local_communicator();
-    Engine engine(file, engine_options(B, P, N, chunk), *comm);
+    EngineOptions eo = engine_options(B, P, N, chunk);
+    eo.placement = es.placement;
+    eo.store = es.store;
+    eo.replay = replay;
+    eo.stage_sync = stage_sync;
+    Engine engine(file, eo, comm);
     engine.start_workers();
     engine.validate(reqs);
-    spdlog::info("bench {}: {} layers, {} experts top-{}, batch {}, prompt {}, {} new tokens, {} threads, {} kernels",
-                 file->path(), c.num_layers, c.num_experts, c.experts_per_token, B, P, N, threads,
+    spdlog::info("bench {}: {} layers, {} experts top-{}, batch {}, prompt {}, {} new tokens, {} rank(s), {} threads/rank, {} kernels",
+                 file->path(), c.num_layers, c.num_experts, c.experts_per_token, B, P, N, world, threads,
                  kernels::active().name);
-    // The matrix products' time and flops during prefill: counters reset
-    // before the call and read when the last sequence's first token (the end
-    // of prefill) arrives.
+    // The matrix products' time and flops during prefill, and the bytes
+    // exchanged so far: read when the last sequence's first token (the end of
+    // prefill) arrives.
     GenerateOptions go;
     int64_t first_seen = 0;
     kernels::GemmStats prefill_gemm;
+    uint64_t bytes_at_prefill_end = 0;
+    auto comm_bytes = [&] { return comm.stats().bytes_sent + comm.stats().bytes_received; };
     go.on_token = [&](int, int, int32_t) {
-      if (++first_seen == B) prefill_gemm = kernels::gemm_stats();
+      if (++first_seen == B) {
+        prefill_gemm = kernels::gemm_stats();
+        bytes_at_prefill_end = comm_bytes();
+      }
       return true;
+    };
+    auto snapshot = [&](std::vector<cluster::RankReport>& reports, DispatchStats& ds, LayerBalance& lb) {
+      reports = rank_reports(engine, comm);
+      ds = engine.dispatcher().stats(Phase::Decode);
+      lb = engine.dispatcher().balance(Phase::Decode);
     };
     kernels::enable_gemm_stats(true);
     for (int64_t i = 0; i < warmup + reps; ++i) {
-      if (i == warmup) noise.start();
+      if (i == warmup) {
+        snapshot(before, disp_before, bal_before);
+        noise.start();
+      }
       RepResult rr;
       first_seen = 0;
       kernels::reset_gemm_stats();
@@ -417,35 +483,78 @@ int bench_model(const cxxopts::ParseResult& r) {
         spdlog::info("warm-up {}: prefill {:.3f} s, decode {:.3f} s", i + 1, rr.st.prefill_seconds, rr.st.decode_seconds);
         continue;
       }
+      decode_bytes += comm_bytes() - bytes_at_prefill_end;
       res.push_back(rr);
       spdlog::info("rep {}: prefill {:.3f} s, decode {:.3f} s", res.size(), rr.st.prefill_seconds, rr.st.decode_seconds);
     }
     noise.stop();
+    snapshot(after, disp_after, bal_after);
     kernels::enable_gemm_stats(false);
     engine.stop_workers();
+    if (world > 1) comm.barrier();
   }
   if (!identical) spdlog::warn("the repetitions generated different tokens (the engine should be deterministic)");
 
-  // Routed experts per decode step.
+  // The cluster figures of the timed window.
+  ClusterFigures cf;
+  cf.world = world;
+  double cpu_others = 0;  // the workers' CPU time: part of the benchmark, not noise
+  for (size_t i = 0; i < after.size(); ++i) {
+    cf.ranks.push_back(window(after[i], before[i]));
+    if (i > 0) cpu_others += cf.ranks.back().cpu_seconds;
+  }
+  noise.exclude(cpu_others);
+  double decode_wall = 0;
+  for (const auto& rr : res) {
+    for (double t : rr.st.decode_step_seconds) cf.step_ms.push_back(1000.0 * t);
+    decode_wall += rr.st.decode_seconds;
+    cf.decode_tokens += static_cast<uint64_t>(rr.st.decode_tokens);
+  }
+  std::sort(cf.step_ms.begin(), cf.step_ms.end());
+  cf.decode_steps = cf.step_ms.size();
+  cf.p50 = percentile(cf.step_ms, 50), cf.p90 = percentile(cf.step_ms, 90), cf.p99 = percentile(cf.step_ms, 99);
+  for (double t : cf.step_ms) cf.mean += t / static_cast<double>(cf.step_ms.size());
+  const double per_token = 1.0 / static_cast<double>(std::max<uint64_t>(1, cf.decode_tokens));
+  const double row_bytes = static_cast<double>(c.hidden_size) * sizeof(float);
+  DispatchStats dd = disp_after;
+  dd.token_ranks_remote -= disp_before.token_ranks_remote;
+  dd.distinct_experts -= disp_before.distinct_experts;
+  dd.layers -= disp_before.layers;
+  cf.exchange_bytes_per_token = static_cast<double>(decode_bytes) * per_token;
+  cf.min_bytes_per_token = 2.0 * static_cast<double>(dd.token_ranks_remote) * row_bytes * per_token;
+  const LayerBalance lb = bal_after.minus(bal_before);
   const int64_t M = c.num_moe_layers(), K = c.experts_per_token;
+  for (int l = 0; l < M; ++l) cf.balancedness.push_back(lb.mean(l));
+  int counted = 0;
+  for (double b : cf.balancedness)
+    if (std::isfinite(b)) cf.balancedness_mean += b, ++counted;
+  cf.balancedness_mean = counted ? cf.balancedness_mean / counted : kNaN;
+  const double passes = static_cast<double>(std::max<uint64_t>(1, cf.ranks[0].stages.passes[1]));
+  uint64_t hits = 0, acc = 0;
+  for (const auto& rr : cf.ranks) {
+    std::vector<double> ms;
+    for (int s = 0; s < kNumStages; ++s) ms.push_back(1000.0 * rr.stages.at(Phase::Decode, static_cast<Stage>(s)) / passes);
+    ms.push_back(std::max(0.0, 1000.0 * (decode_wall - rr.stages.total(Phase::Decode)) / passes));  // other
+    cf.stage_ms.push_back(ms);
+    const uint64_t a = rr.hits + rr.misses;
+    cf.hit_rate.push_back(rr.experts_owned && a ? static_cast<double>(rr.hits) / static_cast<double>(a) : kNaN);
+    if (rr.experts_owned) hits += rr.hits, acc += a;
+    cf.rss_max_mib = std::max(cf.rss_max_mib, static_cast<double>(rr.peak_rss_kb) / 1024.0);
+  }
+  cf.hit_rate_all = acc ? static_cast<double>(hits) / static_cast<double>(acc) : kNaN;
+
+  // Routed experts per decode step: the distinct experts the timed decode
+  // steps chose, as the dispatcher counted them.
   double mean_block = 0;
   for (const auto& e : file->experts()) mean_block += static_cast<double>(e.size);
   mean_block /= std::max<size_t>(1, file->experts().size());
   const uint64_t block0 = file->experts().empty() ? 0 : file->experts().front().size;
-  if (B == 1) {
-    double s = 0;
-    for (int64_t l = 0; l < M; ++l) s += static_cast<double>(K) * static_cast<double>(file->expert(static_cast<int>(l), 0).size);
-    bytes.routed = s;
-    bytes.distinct_per_layer = static_cast<double>(K);
-    bytes.routed_source = "batch 1: top_k expert blocks per MoE layer (exact)";
-  } else if (r.count("no-routing-trace")) {
-    const double d = static_cast<double>(std::min(B * K, static_cast<int64_t>(c.num_experts)));
-    bytes.routed = d * mean_block * static_cast<double>(M);
-    bytes.distinct_per_layer = d;
-    bytes.routed_source = "upper bound min(batch x top_k, experts) expert blocks per MoE layer (--no-routing-trace)";
-  } else {
-    routed_from_trace(file, reqs, P, N, chunk, bytes);
-  }
+  const double steps_timed = static_cast<double>(std::max<uint64_t>(1, cf.decode_steps));
+  bytes.distinct_per_layer = static_cast<double>(dd.distinct_experts) / steps_timed / static_cast<double>(std::max<int64_t>(1, M));
+  bytes.routed = static_cast<double>(dd.distinct_experts) / steps_timed * mean_block;
+  bytes.decode_steps_traced = static_cast<int64_t>(cf.decode_steps);
+  bytes.routed_source = "distinct experts per MoE layer per decode step, counted over the " +
+                        std::to_string(cf.decode_steps) + " timed steps";
 
   const int64_t steps = N - 1;
   const double wstep = bytes.weights_per_step();
@@ -475,6 +584,74 @@ int bench_model(const cxxopts::ParseResult& r) {
   const std::string edtype = file->experts().empty()                ? "-"
                              : c.expert_quant.type != "none" ? c.expert_quant.type + " g" + std::to_string(c.expert_quant.group_size)
                                                              : dtype_name(file->expert_dtype());
+  const std::string placement_src = r.count("placement") ? r["placement"].as<std::string>() : "";
+  const std::string policy = r.count("placement") ? "file" : r["policy"].as<std::string>();
+  const bool coord_experts = world == 1 || r.count("coordinator-experts") > 0;
+  const int64_t budget_experts = r["expert-cache-experts"].as<int64_t>();
+  const uint64_t budget_bytes = parse_bytes(r["expert-cache-bytes"].as<std::string>());
+  const std::string label = r.count("label") ? r["label"].as<std::string>() : "";
+
+  if (r.count("csv")) {
+    std::vector<std::pair<std::string, std::string>> f;
+    auto add = [&](const std::string& k, const std::string& v) { f.emplace_back(k, v); };
+    auto addi = [&](const std::string& k, long long v) { f.emplace_back(k, std::to_string(v)); };
+    char ts[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    add("timestamp", ts);
+    add("version", COLIBRI_VERSION);
+    add("command", command);
+    add("label", label);
+    add("model", file->path());
+    addi("layers", c.num_layers), addi("moe_layers", M), addi("experts", c.num_experts), addi("top_k", K);
+    addi("hidden", c.hidden_size), addi("world", world);
+    add("comm", comm.backend());
+    add("policy", policy);
+    add("placement", placement_src);
+    addi("coordinator_experts", coord_experts);
+    addi("batch", B), addi("prompt_len", P), addi("new_tokens", N), addi("warmup", warmup), addi("reps", reps);
+    add("seed", std::to_string(seed));
+    addi("threads", threads);
+    add("kernels", kernels::active().name);
+    add("cache_policy", es.store.policy);
+    addi("cache_budget_experts", budget_experts);
+    add("cache_budget_bytes", std::to_string(budget_bytes));
+    add("routing_replay", replay_path);
+    addi("stage_sync", stage_sync);
+    add("prefill_tok_s", csv_num(prefill.median)), add("decode_tok_s", csv_num(decode.median));
+    add("step_ms_p50", csv_num(cf.p50)), add("step_ms_p90", csv_num(cf.p90)), add("step_ms_p99", csv_num(cf.p99));
+    add("step_ms_mean", csv_num(cf.mean));
+    addi("decode_steps", static_cast<long long>(cf.decode_steps));
+    add("exchange_bytes_per_token", csv_num(cf.exchange_bytes_per_token));
+    add("exchange_min_bytes_per_token", csv_num(cf.min_bytes_per_token));
+    add("balancedness_mean", csv_num(cf.balancedness_mean));
+    add("balancedness_per_layer", join(cf.balancedness));
+    add("hit_rate", csv_num(cf.hit_rate_all));
+    add("hit_rate_per_rank", join(cf.hit_rate));
+    add("peak_rss_mib_max", csv_num(cf.rss_max_mib));
+    std::vector<double> rss;
+    for (const auto& rr : cf.ranks) rss.push_back(static_cast<double>(rr.peak_rss_kb) / 1024.0);
+    add("peak_rss_mib_per_rank", join(rss));
+    for (int who = 0; who < 2; ++who)
+      for (int s = 0; s <= kNumStages; ++s) {
+        const std::string name = s < kNumStages ? stage_name(static_cast<Stage>(s)) : "other";
+        double v = kNaN;
+        if (who == 0) {
+          v = cf.stage_ms[0][static_cast<size_t>(s)];
+        } else if (world > 1) {
+          v = 0;
+          for (int q = 1; q < world; ++q) v += cf.stage_ms[static_cast<size_t>(q)][static_cast<size_t>(s)] / (world - 1);
+        }
+        add((who == 0 ? "coord_" : "workers_") + name + "_ms", csv_num(v));
+      }
+    std::string header, row;
+    for (size_t i = 0; i < f.size(); ++i) {
+      header += (i ? "," : "") + f[i].first;
+      row += (i ? "," : "") + csv_field(f[i].second);
+    }
+    append_csv(r["csv"].as<std::string>(), header, row);
+  }
+
   if (as_json) {
     json reps_j = json::array();
     for (const auto& rr : res)
@@ -490,8 +667,35 @@ int bench_model(const cxxopts::ParseResult& r) {
                         {"decode_ms_per_step", rr.ms_per_step},
                         {"weight_gbps", rr.weight_gbps},
                         {"weight_and_kv_gbps", rr.total_gbps}});
+    json ranks_j = json::array();
+    for (size_t i = 0; i < cf.ranks.size(); ++i) {
+      const auto& rr = cf.ranks[i];
+      json st;
+      for (int s = 0; s <= kNumStages; ++s)
+        st[s < kNumStages ? stage_name(static_cast<Stage>(s)) : "other"] = cf.stage_ms[i][static_cast<size_t>(s)];
+      ranks_j.push_back({{"rank", rr.rank},
+                         {"experts_owned", rr.experts_owned},
+                         {"cache_policy", rr.experts_owned ? rr.policy : ""},
+                         {"cache_slots", rr.cache_slots},
+                         {"hits", rr.hits},
+                         {"misses", rr.misses},
+                         {"hit_rate", num(cf.hit_rate[i])},
+                         {"bytes_loaded", rr.bytes_loaded},
+                         {"evictions", rr.evictions},
+                         {"rows_served", rr.rows_served},
+                         {"bytes_sent", rr.bytes_sent},
+                         {"bytes_received", rr.bytes_received},
+                         {"peak_rss_bytes", rr.peak_rss_kb * 1024},
+                         {"cpu_seconds", rr.cpu_seconds},
+                         {"decode_stage_ms_per_step", st}});
+    }
+    json bal = json::array();
+    for (double b : cf.balancedness) bal.push_back(num(b));
     json out = {
         {"mode", "model"},
+        {"command", command},
+        {"version", COLIBRI_VERSION},
+        {"label", label},
         {"config",
          {{"model", file->path()},
           {"batch", B},
@@ -505,7 +709,19 @@ int bench_model(const cxxopts::ParseResult& r) {
           {"prefill_chunk", chunk},
           {"kernels", kernels::active().name},
           {"sampling", "greedy"},
-          {"ignore_eos", true}}},
+          {"ignore_eos", true},
+          {"world", world},
+          {"comm", comm.backend()},
+          {"policy", policy},
+          {"placement", placement_src},
+          {"coordinator_experts", coord_experts},
+          {"redundant", r["redundant"].as<int>()},
+          {"stats", r.count("stats") ? r["stats"].as<std::string>() : ""},
+          {"cache_policy", es.store.policy},
+          {"cache_budget_experts", budget_experts},
+          {"cache_budget_bytes", budget_bytes},
+          {"routing_replay", replay_path},
+          {"stage_sync", stage_sync}}},
         {"machine", {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}}},
         {"model",
          {{"architecture", c.architecture},
@@ -537,6 +753,14 @@ int bench_model(const cxxopts::ParseResult& r) {
         {"prefill_gemm_gflops", to_json(pgemm)},
         {"decode_tokens_per_s", to_json(decode)},
         {"decode_ms_per_step", to_json(msps)},
+        {"decode_step_ms", {{"p50", num(cf.p50)}, {"p90", num(cf.p90)}, {"p99", num(cf.p99)}, {"mean", num(cf.mean)},
+                            {"steps", cf.decode_steps}}},
+        {"exchange", {{"bytes_per_decode_token", cf.exchange_bytes_per_token},
+                      {"routing_minimum_bytes_per_decode_token", cf.min_bytes_per_token},
+                      {"row_bytes", row_bytes}}},
+        {"balancedness", {{"per_moe_layer", bal}, {"mean", num(cf.balancedness_mean)}}},
+        {"hit_rate", num(cf.hit_rate_all)},
+        {"ranks", ranks_j},
         {"weight_gbps", to_json(gbps)},
         {"weight_and_kv_gbps", to_json(tgbps)},
         {"median",
@@ -548,6 +772,7 @@ int bench_model(const cxxopts::ParseResult& r) {
           {"weight_and_kv_gbps", tgbps.median}}},
     };
     std::printf("%s\n", out.dump(2).c_str());
+    rt.finish();
     return 0;
   }
 
@@ -557,8 +782,13 @@ int bench_model(const cxxopts::ParseResult& r) {
               (long long)c.hidden_size, (long long)c.vocab_size, dtype.c_str(), edtype.c_str());
   std::printf("run:      batch %lld, prompt %lld, %lld new tokens (%lld decode steps), greedy, ignore_eos, seed %llu\n",
               (long long)B, (long long)P, (long long)N, (long long)steps, (unsigned long long)seed);
-  std::printf("          %d threads, %s kernels, %lld warm-up + %lld reps, prefill chunk %lld; cpu %s\n", threads,
+  std::printf("          %d threads/rank, %s kernels, %lld warm-up + %lld reps, prefill chunk %lld; cpu %s\n", threads,
               kernels::active().name, (long long)warmup, (long long)reps, (long long)chunk, cpu_model().c_str());
+  std::printf("cluster:  %d rank(s) over %s, placement %s%s, coordinator %s experts; cache %s, budget %lld experts / %llu bytes "
+              "per rank%s%s\n",
+              world, comm.backend(), policy.c_str(), placement_src.empty() ? "" : (" " + placement_src).c_str(),
+              coord_experts ? "hosts" : "hosts no", es.store.policy.c_str(), (long long)budget_experts,
+              (unsigned long long)budget_bytes, replay ? "; routing replayed from " : "", replay_path.c_str());
   std::printf("weights read per decode step: %s = dense %s + LM head %s + %lld embedding row(s) of %s + routed experts %s\n",
               human_bytes(wstep).c_str(), human_bytes(static_cast<double>(bytes.dense)).c_str(),
               human_bytes(static_cast<double>(bytes.lm_head)).c_str(), (long long)B,
@@ -578,13 +808,53 @@ int bench_model(const cxxopts::ParseResult& r) {
               gbps.median, tgbps.median);
   std::printf("%-7s %14.1f %14.2f %14.3f %12.2f %14.2f\n", "min", prefill.min, decode.min, msps.min, gbps.min, tgbps.min);
   std::printf("%-7s %14.1f %14.2f %14.3f %12.2f %14.2f\n", "max", prefill.max, decode.max, msps.max, gbps.max, tgbps.max);
-  std::printf("\nachieved weight bandwidth (median): %s/step x %.2f steps/s = %.2f GB/s\n", human_bytes(wstep).c_str(),
-              msps.median > 0 ? 1000.0 / msps.median : 0.0, gbps.median);
+  std::printf("\nachieved weight bandwidth (median): %s/step x %.2f steps/s = %.2f GB/s%s\n", human_bytes(wstep).c_str(),
+              msps.median > 0 ? 1000.0 / msps.median : 0.0, gbps.median, world > 1 ? " (all ranks together)" : "");
   std::printf("prefill matrix products (attention, router, dense/shared FFNs, experts, LM head): median %.1f GFLOP/s "
-              "(min %.1f, max %.1f), %.1f GFLOP per prefill; compare --peak-flops (quantised products are not counted)\n",
-              pgemm.median, pgemm.min, pgemm.max, res.empty() ? 0.0 : res.front().prefill_gemm_flops / 1e9);
+              "(min %.1f, max %.1f), %.1f GFLOP per prefill; compare --peak-flops (quantised products are not counted%s)\n",
+              pgemm.median, pgemm.min, pgemm.max, res.empty() ? 0.0 : res.front().prefill_gemm_flops / 1e9,
+              world > 1 ? "; rank 0's only" : "");
+  std::printf("\ndecode step latency: P50 %.3f ms, P90 %.3f ms, P99 %.3f ms, mean %.3f ms (%llu steps of %lld reps)\n", cf.p50,
+              cf.p90, cf.p99, cf.mean, (unsigned long long)cf.decode_steps, (long long)reps);
+  std::printf("\ndecode stages, ms per step (rank 0 coordinates%s; 'other': step time outside the stages%s):\n",
+              stage_sync ? "; barriers after the rows arrive and before the results return separate wait from exchange "
+                           "(--no-stage-sync omits them)"
+                         : "",
+              world > 1 ? "; a worker's 'wait' includes the coordinator's own stages" : "");
+  std::printf("%-5s", "rank");
+  for (int s = 0; s <= kNumStages; ++s) std::printf(" %13s", s < kNumStages ? stage_name(static_cast<Stage>(s)) : "other");
+  std::printf(" %9s\n", "total");
+  for (size_t i = 0; i < cf.ranks.size(); ++i) {
+    std::printf("%-5d", cf.ranks[i].rank);
+    double t = 0;
+    for (double v : cf.stage_ms[i]) std::printf(" %13.3f", v), t += v;
+    std::printf(" %9.3f\n", t);
+  }
+  if (world > 1)
+    std::printf("\nexchanged per decode token: %s (rank 0, sent + received); routing minimum %s (each token once to each "
+                "other rank serving it, and back; %.0f-byte f32 rows) = %.2fx the minimum\n",
+                human_bytes(cf.exchange_bytes_per_token).c_str(), human_bytes(cf.min_bytes_per_token).c_str(), row_bytes,
+                cf.min_bytes_per_token > 0 ? cf.exchange_bytes_per_token / cf.min_bytes_per_token : 0.0);
+  std::printf("balancedness per MoE layer (decode, mean/max rows over the hosting ranks, mean over steps):");
+  for (double b : cf.balancedness) std::printf(" %.3f", b);
+  std::printf("; mean %.3f\n", cf.balancedness_mean);
+  std::printf("\n%-5s %-8s %7s %8s %9s %9s %9s %11s %9s\n", "rank", "policy", "experts", "slots", "hits", "misses",
+              "hit rate", "rows served", "RSS MiB");
+  for (size_t i = 0; i < cf.ranks.size(); ++i) {
+    const auto& rr = cf.ranks[i];
+    std::printf("%-5d %-8s %7d %8llu %9llu %9llu %8.1f%% %11llu %9.1f\n", rr.rank, rr.experts_owned ? rr.policy : "-",
+                rr.experts_owned, (unsigned long long)rr.cache_slots, (unsigned long long)rr.hits,
+                (unsigned long long)rr.misses, 100.0 * cf.hit_rate[i], (unsigned long long)rr.rows_served,
+                rr.peak_rss_kb / 1024.0);
+  }
   noise.print();
+  rt.finish();
   return 0;
+}
+
+int bench_model(const cxxopts::ParseResult& r, const std::string& command) {
+  ClusterRuntime rt = open_cluster(r);
+  return run_guarded(rt, [&] { return bench_model_rank(r, rt, command); });
 }
 
 // ===========================================================================
@@ -1048,9 +1318,12 @@ int cmd_bench(int argc, char** argv) {
       "seed", "Seed of the random prompts (default 0)", cxxopts::value<uint64_t>())(
       "prefill-chunk", "Most tokens per prefill pass (default 256)", cxxopts::value<int64_t>())(
       "kernels", "CPU kernels: auto, avx512, avx2 or generic (default auto: the widest the CPU has)", cxxopts::value<std::string>())(
-      "no-routing-trace",
-      "Batch > 1: skip the extra run that records the routing; count min(batch x top_k, experts) experts per layer")(
-      "no-verify", "Skip the checksum check of dense tensors at load");
+      "no-verify", "Skip the checksum check of dense tensors at load")(
+      "csv", "Append one row (configuration, then results) to this CSV; the header first when the file is new",
+      cxxopts::value<std::string>())(
+      "label", "Free text recorded in --json/--csv (e.g. a sweep's name)", cxxopts::value<std::string>())(
+      "no-stage-sync", "Several ranks: no barrier before results return (wait and exchange then mix)");
+  add_cluster_options(o);
   o.add_options("memory")("size-mb", "MiB per array (default 1024; keep it well above the L3 cache)",
                           cxxopts::value<int64_t>());
   add_common_options(o);
@@ -1061,7 +1334,8 @@ int cmd_bench(int argc, char** argv) {
   const bool mem = r.count("memory-bandwidth") > 0, flops = r.count("peak-flops") > 0, model = r.count("model") > 0;
   if (mem + flops + model > 1) bad_arg("give one of --model, --memory-bandwidth and --peak-flops");
   const char* model_only[] = {"batch", "prompt-len", "new-tokens", "warmup", "seed", "prefill-chunk", "kernels",
-                              "no-routing-trace", "no-verify"};
+                              "no-verify", "routing-replay", "csv", "label", "no-stage-sync", "placement", "stats",
+                              "coordinator-experts", "inject-fault"};
   if (mem || flops) {
     for (const char* k : model_only)
       if (r.count(k)) bad_arg(std::string("--") + k + " applies to a model benchmark (--model), not to " +
@@ -1075,7 +1349,9 @@ int cmd_bench(int argc, char** argv) {
   }
   if (mem) return bench_memory(r);
   if (flops) return bench_flops(r);
-  return bench_model(r);
+  std::string command = "colibri";
+  for (int i = 0; i < argc; ++i) command += " " + shell_quote(argv[i]);
+  return bench_model(r, command);
 }
 
 }  // namespace colibri::cli

@@ -29,8 +29,6 @@ extern char** environ;
 
 namespace colibri::cli {
 
-namespace {
-
 // A word as a POSIX shell reads it back: bare when it holds only safe characters,
 // otherwise in single quotes (a quote inside becomes '\'').
 std::string shell_quote(const std::string& s) {
@@ -41,6 +39,8 @@ std::string shell_quote(const std::string& s) {
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
 }
+
+namespace {
 
 bool is_executable(const std::string& p) {
   struct stat st {};

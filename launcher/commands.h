@@ -20,6 +20,9 @@ int cmd_cache_sim(int argc, char** argv);
 int cmd_simulate(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 
+// A word as a POSIX shell reads it back (quoted only when it must be).
+std::string shell_quote(const std::string& s);
+
 // Adds --verbose/--log-level/--help to a subcommand's options.
 void add_common_options(cxxopts::Options& o);
 // Applies the common options; returns true when --help was printed.
