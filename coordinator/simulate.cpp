@@ -74,6 +74,14 @@ struct Rng {
 
 }  // namespace
 
+DeviceSpec NodeShare::share(const DeviceSpec& d, int active) const {
+  DeviceSpec r = d;
+  const double n = static_cast<double>(std::max(active, 1));
+  if (cores > 0) r.tflops *= std::min(1.0, cores / n);
+  if (mem_gbytes_per_s > 0) r.mem_gbytes_per_s = std::min(r.mem_gbytes_per_s, mem_gbytes_per_s / n);
+  return r;
+}
+
 double ClusterSpec::inter_bytes_per_s_per_device() const {
   return inter.bytes_per_s() * nics_per_node / std::max(gpus_per_node, 1);
 }
@@ -115,6 +123,14 @@ ClusterSpec ClusterSpec::from_json(const std::string& text, const std::string& s
     c.nics_per_node = static_cast<int>(n);
   } else if (c.nodes > 1) {
     bad(source, "inter_node", "is missing (needed when nodes > 1)");
+  }
+  if (j.contains("node_shared")) {
+    const json& n = j["node_shared"];
+    if (!n.is_object()) bad(source, "node_shared", "must be an object");
+    c.node_shared.cores = num(n, "cores", "node_shared.", source, false, 0, true);
+    c.node_shared.mem_gbytes_per_s = num(n, "mem_gbytes_per_s", "node_shared.", source, false, 0, true);
+    if (!n.contains("cores") && !n.contains("mem_gbytes_per_s"))
+      bad(source, "node_shared", "needs cores and/or mem_gbytes_per_s");
   }
   return c;
 }
@@ -402,16 +418,20 @@ SimResult simulate(const ClusterSpec& c, const ModelShape& m, const Placement& p
         const auto comb = exchange_seconds(c, t, H * o.combine_bytes_per_elem, true);
         double best = -1, sum_rows = 0, max_rows = 0, max_d = 0, max_c = 0, max_x = 0;
         LayerResult slow;
+        // Ranks of each node computing experts at the same time (node_shared).
+        std::vector<int> busy(static_cast<size_t>(c.nodes), 0);
+        for (int rk = 0; rk < W; ++rk) busy[static_cast<size_t>(c.node_of(rk))] += t.rows[rk] > 0;
         for (int rk = 0; rk < W; ++rk) {
           const double rows = static_cast<double>(t.rows[rk]);
           const double flops = 2.0 * 3.0 * H * I * rows;
           const double bytes = expert_bytes * static_cast<double>(t.active_experts[rk]);
-          const double comp = rows > 0 ? roofline_seconds(flops, bytes, c.device) : 0.0;
+          const DeviceSpec dev = c.node_shared.share(c.device, busy[static_cast<size_t>(c.node_of(rk))]);
+          const double comp = rows > 0 ? roofline_seconds(flops, bytes, dev) : 0.0;
           const double tot = disp[rk] + comp + comb[rk];
           if (tot > best) {
             best = tot;
             slow.dispatch_s = disp[rk], slow.compute_s = comp, slow.combine_s = comb[rk];
-            slow.compute_memory_bound = rows > 0 && roofline_memory_bound(flops, bytes, c.device);
+            slow.compute_memory_bound = rows > 0 && roofline_memory_bound(flops, bytes, dev);
           }
           max_d = std::max(max_d, disp[rk]), max_c = std::max(max_c, comp), max_x = std::max(max_x, comb[rk]);
         }

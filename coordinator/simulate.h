@@ -43,13 +43,28 @@ struct DeviceSpec {
 //    "device":{"name","tflops","mem_gbytes_per_s","flops_efficiency"?,"mem_efficiency"?},
 //    "intra_node":{"name","gbytes_per_s","latency_us","efficiency"?},
 //    "inter_node":{"name","gbytes_per_s","latency_us","efficiency"?,"nics_per_node"}   (needed when nodes > 1)
+//    "node_shared":{"cores","mem_gbytes_per_s"}?   (ranks of a node sharing its CPU cores and memory bus)
 //    ...}  other keys ("comment", "sources", "calibration") are kept in the echo, not read.
 // inter_node.gbytes_per_s is per NIC; a node's NICs are shared evenly by its
 // devices (per-device IB bandwidth = nics_per_node * NIC / gpus_per_node).
+// When a node's ranks share its cores and memory bus (CPU ranks; absent for
+// GPUs, which own theirs): in the expert phase of a layer, the n ranks of a node
+// computing at once each get min(1, cores / n) of their device's FLOP/s and at
+// most mem_gbytes_per_s / n of memory bandwidth (so one rank alone at most the
+// node's); the device efficiencies apply on top.
+struct NodeShare {
+  double cores = 0;             // 0: not shared
+  double mem_gbytes_per_s = 0;  // 0: not shared
+  bool shared() const { return cores > 0 || mem_gbytes_per_s > 0; }
+  // The device one of `active` ranks computing at once gets.
+  DeviceSpec share(const DeviceSpec& d, int active) const;
+};
+
 struct ClusterSpec {
   std::string name, source;
   int nodes = 1, gpus_per_node = 1;
   DeviceSpec device;
+  NodeShare node_shared;
   LinkSpec intra, inter;
   int nics_per_node = 0;
   nlohmann::json raw;  // the file as read (echoed in --json)

@@ -19,17 +19,15 @@
 # The cluster files describe one rank of one core; the world size of the simulation is
 # the file's nodes x gpus_per_node, so for each world size W a copy with gpus_per_node = W
 # is written, its device scaled by the engine's threads per rank (x2 for W = 1).
-# With SHARE=1 an extra column (last cluster file) also gives expert ranks that outnumber
-# the cores their share of them (W = 4: 3 expert ranks on 2 cores -> 2/3) and caps the
-# bandwidth of ranks streaming at once at the machine's (the file's
-# calibration.machine_mem_gbytes_per_s / expert ranks): a crude stand-in for
-# oversubscription and memory contention, which the simulator does not model.
+# With UNSHARED=1 an extra column (last cluster file) drops the file's node_shared object: the
+# model without core and memory-bus sharing between the ranks of a node (what the simulator
+# lacked before; expert ranks outnumbering the cores and streaming weights at once).
 #
 # usage: scripts/calibrate_simulate.sh [COLIBRI] [WORKDIR]
 #   env: CLUSTERS="a.json b.json" (default configs/cluster/cpu_2core.json), REPS=3,
 #        NEW=65 (new tokens per sequence), BATCH=8, WORLDS="1 2 3 4",
 #        MEASURED=file.tsv (reuse measurements of an earlier run: only re-simulate),
-#        SHARE=1 (add the core-share column for the last cluster file),
+#        UNSHARED=1 (add a column without the file's node_shared sharing model),
 #        LINK=1 (also time an MPI ping-pong of 8 B..2 MiB between 2 ranks: the link's alpha/beta)
 # Output: the table on stdout, WORKDIR/measured.tsv, WORKDIR/table.tsv.
 set -euo pipefail
@@ -41,7 +39,7 @@ REPS="${REPS:-3}"
 NEW="${NEW:-65}"
 BATCH="${BATCH:-8}"
 WORLDS="${WORLDS:-1 2 3 4}"
-SHARE="${SHARE:-0}"
+UNSHARED="${UNSHARED:-0}"
 MEASURED="${MEASURED:-}"
 cores="$(nproc)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -139,26 +137,18 @@ PP
 fi
 
 # --- 3. simulations ---------------------------------------------------------------------
-simulate() {  # cluster world policy share -> step ms
-  local cl="$1" w="$2" pol="$3" share="$4" tmp
+simulate() {  # cluster world policy unshared(0/1) -> step ms
+  local cl="$1" w="$2" pol="$3" unshared="$4" tmp
   tmp="cluster_w${w}.json"
-  python3 - "$cl" "$w" "$(threads_for "$w")" "$share" "$cores" > "$tmp" <<'EOF'
+  python3 - "$cl" "$w" "$(threads_for "$w")" "$unshared" > "$tmp" <<'EOF'
 import json, sys
 c = json.load(open(sys.argv[1])); w = int(sys.argv[2]); t = int(sys.argv[3])
-share = sys.argv[4] == '1'; cores = int(sys.argv[5])
+unshared = sys.argv[4] == '1'
 c['nodes'] = 1; c['gpus_per_node'] = w
-hosts = 1 if w == 1 else w - 1          # ranks computing experts at the same time
 dev = c['device']
-flops, mem = dev['tflops'] * t, dev['mem_gbytes_per_s'] * t   # the file: one rank of one core
-if share:
-    # Crude stand-in for what the simulator leaves out: expert ranks that outnumber the
-    # cores share them, and ranks streaming weights at once share the machine's bandwidth
-    # (calibration.machine_mem_gbytes_per_s of the file; not read by colibri simulate).
-    flops *= min(1.0, cores / (hosts * t))
-    machine = c.get('calibration', {}).get('machine_mem_gbytes_per_s')
-    if machine: mem = min(mem, machine / hosts)
-    else: mem *= min(1.0, cores / (hosts * t))
-dev['tflops'], dev['mem_gbytes_per_s'] = flops, mem
+dev['tflops'] *= t; dev['mem_gbytes_per_s'] *= t   # the file: one rank of one core
+if unshared:
+    c.pop('node_shared', None)
 json.dump(c, sys.stdout)
 EOF
   "$colibri" simulate --cluster "$tmp" --model m.colibri --placement "place_${w}_${pol}.json" \
@@ -174,16 +164,16 @@ for w in $WORLDS; do
   for pol in $(policies_for "$w"); do
     row="$w\t$pol"
     for cl in $CLUSTERS; do row="$row\t$(simulate "$cl" "$w" "$pol" 0)"; done
-    if [ "$SHARE" = 1 ]; then last="${CLUSTERS##* }"; row="$row\t$(simulate "$last" "$w" "$pol" 1)"; fi
+    if [ "$UNSHARED" = 1 ]; then last="${CLUSTERS##* }"; row="$row\t$(simulate "$last" "$w" "$pol" 1)"; fi
     printf "$row\n" >> table.tsv
   done
 done
 
 # --- 4. table -----------------------------------------------------------------------------
-python3 - "$MEASURED" table.tsv "$SHARE" "${names[@]}" <<'EOF'
+python3 - "$MEASURED" table.tsv "$UNSHARED" "${names[@]}" <<'EOF'
 import statistics, sys
-meas, table, share, names = sys.argv[1], sys.argv[2], sys.argv[3] == '1', sys.argv[4:]
-if share: names = names + [names[-1] + '+share']
+meas, table, unshared, names = sys.argv[1], sys.argv[2], sys.argv[3] == '1', sys.argv[4:]
+if unshared: names = names + [names[-1] + '-unshared']
 m = {}
 for l in open(meas):
     w, pol, rep, ms, tok, xb = l.split('\t')

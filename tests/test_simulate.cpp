@@ -159,6 +159,44 @@ TEST(Simulate, WholeLayerOnHandComputedShape) {
   EXPECT_NEAR(l.moe_s, 6e-5 + 2 * x, 1e-12);
 }
 
+TEST(Simulate, NodeSharedCoresAndBandwidthSlowTheBusyRanks) {
+  // 1 node x 3 ranks, 3 experts (one per rank), top-1, uniform: every rank computes at once.
+  // Memory-bound alone: 10 rows -> flops 6e7 (6e-5 s at 1 TFLOP/s), one expert's 6e6 bytes (6e-5 s at 100 GB/s).
+  nlohmann::json j = nlohmann::json::parse(cluster_text(1, 3));
+  ModelShape m;
+  m.hidden = 1000, m.intermediate = 1000, m.num_experts = 3, m.top_k = 1, m.num_layers = 1, m.moe_index = {0};
+  const Placement p = make_placement("contiguous", 1, 3, 3, true, nullptr, 0);
+  ExpertStats st;
+  st.num_layers = 1, st.num_experts = 3, st.load = {{1, 1, 1}};
+  SimOptions o;
+  o.batch = 30, o.steps = 1, o.context = 0;
+  auto compute = [&](const nlohmann::json& cj) {
+    return simulate(ClusterSpec::from_json(cj.dump(), "hand"), m, p, RoutingSource{nullptr, &st}, o).layers[0].compute_s;
+  };
+  // Expected rows per rank: stats draw, so read them from the unshared run: compute = max(flops, bytes) of the slowest.
+  const double alone = compute(j);
+  EXPECT_GE(alone, 6e-5 - 1e-12);
+  // 2 cores for 3 busy ranks: FLOP/s x 2/3; 90 GB/s for 3 ranks: 30 GB/s each (< 100): bytes 6e6 / 30e9 = 2e-4 s.
+  j["node_shared"] = {{"cores", 2}, {"mem_gbytes_per_s", 90}};
+  const ClusterSpec shared = ClusterSpec::from_json(j.dump(), "hand");
+  const DeviceSpec d3 = shared.node_shared.share(shared.device, 3);
+  EXPECT_DOUBLE_EQ(d3.tflops, 1.0 * 2 / 3);
+  EXPECT_DOUBLE_EQ(d3.mem_gbytes_per_s, 30);
+  const DeviceSpec d1 = shared.node_shared.share(shared.device, 1);
+  EXPECT_DOUBLE_EQ(d1.tflops, 1.0);
+  EXPECT_DOUBLE_EQ(d1.mem_gbytes_per_s, 90);  // one rank alone: at most the node's bandwidth
+  const double s = compute(j);
+  EXPECT_GT(s, alone * 2);  // memory-bound at a third of the bandwidth (bytes term 2e-4 s at least)
+  EXPECT_GE(s, 2e-4 - 1e-12);
+  // Without the key, or with a bandwidth above the device's share, nothing changes.
+  j["node_shared"] = {{"cores", 8}, {"mem_gbytes_per_s", 1000}};
+  EXPECT_DOUBLE_EQ(compute(j), alone);
+  j["node_shared"] = nlohmann::json::object();
+  expect_error([&] { ClusterSpec::from_json(j.dump(), "x.json"); }, Status::Format, {"node_shared"});
+  j["node_shared"] = {{"cores", -1}};
+  expect_error([&] { ClusterSpec::from_json(j.dump(), "x.json"); }, Status::Format, {"node_shared.cores"});
+}
+
 TEST(Simulate, DeepEpIntranodeCheck) {
   // DeepEP's intranode benchmark: 8 x H800, 4096 tokens per rank, hidden 7168, top-8 of 256, FP8 dispatch.
   const ClusterSpec c = ClusterSpec::load(exe_cluster("h800_nvlink_1x8"));
