@@ -329,7 +329,9 @@ void append_csv(const std::string& path, const std::string& header, const std::s
   {
     std::ifstream in(path);
     std::string first;
-    if (in && std::getline(in, first) && !first.empty() && first != header) {
+    // NOTE: a header ending in CR (a CSV rewritten with CRLF lines) is the same header.
+    if (in && std::getline(in, first) && !first.empty() && first.back() == '\r') first.pop_back();
+    if (!first.empty() && first != header) {
       // Name the first column that differs.
       std::stringstream a(first), b(header);
       std::string x, y;

@@ -11,7 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libomp-dev clang libclang-rt-14-dev
   openmpi-bin libopenmpi-dev libucx-dev ucx-utils
-  python3
+  python3 python3-matplotlib
 )
 
 missing=()

@@ -12,8 +12,8 @@
 # - --json: the configuration echoed, percentiles ordered, every rank's stages
 #   present and non-negative (none of the coordinator's on a worker and no expert
 #   time on a coordinator without experts), rank 0's stages adding up to its step.
-# - --csv: appends one row per run under one header; a file with other columns is
-#   refused (exit 11) and left as it was.
+# - --csv: appends one row per run under one header (also when its lines end in CRLF);
+#   a file with other columns is refused (exit 11) and left as it was.
 # - a bad trace (other expert count) ends every rank with exit 11 and a message.
 set -euo pipefail
 
@@ -120,6 +120,11 @@ assert float(d[0]["exchange_min_bytes_per_token"]) == 4096
 assert float(d[0]["decode_tok_s"]) > 0 and float(d[0]["workers_expert_ffn_ms"]) > 0
 PYEOF
 pass "two runs appended under one header, values as in the JSON"
+sed 's/$/\r/' "$T/r.csv" >"$T/crlf.csv"
+expect_rc 0 "append to the same CSV with CRLF lines" "$BIN" bench --model "$M" --batch 1 --prompt-len 2 --new-tokens 2 \
+  --reps 1 --warmup 0 --csv "$T/crlf.csv"
+[ "$(wc -l <"$T/crlf.csv")" = 4 ] || fail "the CRLF CSV does not hold 4 lines"
+pass "a CSV rewritten with CRLF line ends is the same header"
 printf 'timestamp,version,something_else\n' >"$T/other.csv"
 cp "$T/other.csv" "$T/other.orig"
 expect_rc 11 "a CSV with other columns" "$BIN" bench --model "$M" --batch 1 --prompt-len 2 --new-tokens 2 --reps 1 \
