@@ -844,10 +844,11 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
               "hit rate", "rows served", "RSS MiB");
   for (size_t i = 0; i < cf.ranks.size(); ++i) {
     const auto& rr = cf.ranks[i];
-    std::printf("%-5d %-8s %7d %8llu %9llu %9llu %8.1f%% %11llu %9.1f\n", rr.rank, rr.experts_owned ? rr.policy : "-",
+    char hr[16] = "-";
+    if (std::isfinite(cf.hit_rate[i])) std::snprintf(hr, sizeof hr, "%.1f%%", 100.0 * cf.hit_rate[i]);
+    std::printf("%-5d %-8s %7d %8llu %9llu %9llu %9s %11llu %9.1f\n", rr.rank, rr.experts_owned ? rr.policy : "-",
                 rr.experts_owned, (unsigned long long)rr.cache_slots, (unsigned long long)rr.hits,
-                (unsigned long long)rr.misses, 100.0 * cf.hit_rate[i], (unsigned long long)rr.rows_served,
-                rr.peak_rss_kb / 1024.0);
+                (unsigned long long)rr.misses, hr, (unsigned long long)rr.rows_served, rr.peak_rss_kb / 1024.0);
   }
   noise.print();
   rt.finish();

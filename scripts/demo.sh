@@ -3,7 +3,8 @@
 # synthesises a small Mixtral-style model (Hugging Face layout), converts it to
 # .colibri, and generates tokens in one process and then as a cluster (a
 # coordinator and two expert workers under mpirun), printing the tokens, the
-# tokens/s and every worker's expert-cache statistics.
+# tokens/s and every worker's expert-cache statistics, then measures the cluster
+# (colibri bench under mpirun: per-rank stage breakdown, exchange, balancedness).
 # usage: scripts/demo.sh [preset: tiny|small|medium] (default small)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,3 +33,8 @@ echo "== a cluster: coordinator (rank 0) + 2 expert workers, experts placed roun
 echo "   each worker with a fast tier of 12 experts (LRU) in front of the mmapped file"
 "$colibri" launch -n 3 -- run --model "$model" "${prompts[@]}" --max-new-tokens 32 --ignore-eos \
   --policy round_robin --expert-cache-experts 12 --cache-policy lru --log-level warn
+echo
+echo "== the same cluster measured: where a decode step's time goes on each rank, the bytes"
+echo "   exchanged against the routing's minimum, balancedness per layer (docs/scaling.md)"
+"$colibri" launch -n 3 -- bench --model "$model" --batch 8 --prompt-len 32 --new-tokens 16 --reps 2 \
+  --policy round_robin --log-level warn | sed -n '/^decode step latency/,$p'
