@@ -513,6 +513,10 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
     cf.decode_tokens += static_cast<uint64_t>(rr.st.decode_tokens);
   }
   std::sort(cf.step_ms.begin(), cf.step_ms.end());
+  std::vector<double> prefill_ms;  // every prefill forward pass of every timed rep, sorted
+  for (const auto& rr : res)
+    for (double t : rr.st.prefill_pass_seconds) prefill_ms.push_back(1000.0 * t);
+  std::sort(prefill_ms.begin(), prefill_ms.end());
   cf.decode_steps = cf.step_ms.size();
   cf.p50 = percentile(cf.step_ms, 50), cf.p90 = percentile(cf.step_ms, 90), cf.p99 = percentile(cf.step_ms, 99);
   for (double t : cf.step_ms) cf.mean += t / static_cast<double>(cf.step_ms.size());
@@ -672,9 +676,13 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
     json ranks_j = json::array();
     for (size_t i = 0; i < cf.ranks.size(); ++i) {
       const auto& rr = cf.ranks[i];
-      json st;
+      json st, pst;
       for (int s = 0; s <= kNumStages; ++s)
         st[s < kNumStages ? stage_name(static_cast<Stage>(s)) : "other"] = cf.stage_ms[i][static_cast<size_t>(s)];
+      // Prefill: per forward pass of up to --prefill-chunk tokens (no 'other').
+      const double pp = static_cast<double>(std::max<uint64_t>(1, cf.ranks[0].stages.passes[0]));
+      for (int s = 0; s < kNumStages; ++s)
+        pst[stage_name(static_cast<Stage>(s))] = 1000.0 * rr.stages.at(Phase::Prefill, static_cast<Stage>(s)) / pp;
       ranks_j.push_back({{"rank", rr.rank},
                          {"experts_owned", rr.experts_owned},
                          {"cache_policy", rr.experts_owned ? rr.policy : ""},
@@ -689,7 +697,8 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
                          {"bytes_received", rr.bytes_received},
                          {"peak_rss_bytes", rr.peak_rss_kb * 1024},
                          {"cpu_seconds", rr.cpu_seconds},
-                         {"decode_stage_ms_per_step", st}});
+                         {"decode_stage_ms_per_step", st},
+                         {"prefill_stage_ms_per_pass", pst}});
     }
     json bal = json::array();
     for (double b : cf.balancedness) bal.push_back(num(b));
@@ -755,6 +764,8 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
         {"prefill_gemm_gflops", to_json(pgemm)},
         {"decode_tokens_per_s", to_json(decode)},
         {"decode_ms_per_step", to_json(msps)},
+        {"prefill_pass_ms", {{"p50", num(percentile(prefill_ms, 50))}, {"p90", num(percentile(prefill_ms, 90))},
+                             {"p99", num(percentile(prefill_ms, 99))}, {"passes", prefill_ms.size()}}},
         {"decode_step_ms", {{"p50", num(cf.p50)}, {"p90", num(cf.p90)}, {"p99", num(cf.p99)}, {"mean", num(cf.mean)},
                             {"steps", cf.decode_steps}}},
         {"exchange", {{"bytes_per_decode_token", cf.exchange_bytes_per_token},

@@ -84,6 +84,10 @@ check "$J" "d['ranks'][0]['decode_stage_ms_per_step']['attention'] > 0 and d['ra
 check "$J" "abs(sum(d['ranks'][0]['decode_stage_ms_per_step'].values()) - d['decode_step_ms']['mean']) <= 0.05 * d['decode_step_ms']['mean'] + 0.01" \
   "rank 0's stages add up to its step"
 check "$J" "all(r['peak_rss_bytes'] > 0 for r in d['ranks']) and d['hit_rate'] == 1.0" "RSS and hit rate"
+# Prefill: B x P = 20 tokens in one pass of up to 256 per rep; its stages where they belong too.
+check "$J" "d['prefill_pass_ms']['passes'] == $R and 0 < d['prefill_pass_ms']['p50'] <= d['prefill_pass_ms']['p99']" "prefill passes"
+check "$J" "d['ranks'][0]['prefill_stage_ms_per_pass']['attention'] > 0 and all(r['prefill_stage_ms_per_pass']['expert_ffn'] > 0 for r in d['ranks'][1:])" \
+  "prefill stages"
 pass "every rank's stages present, where they belong, adding up on rank 0"
 
 step "replayed routing all to one worker, a one-expert cache"
