@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 
 #include "coordinator/dispatch.h"
@@ -44,6 +45,36 @@ uint64_t peak_rss_kb() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<uint64_t>(ru.ru_maxrss);
+}
+
+RankReport RankReport::minus(const RankReport& b) const {
+  RankReport d = *this;
+  d.hits -= b.hits, d.misses -= b.misses, d.bytes_loaded -= b.bytes_loaded, d.evictions -= b.evictions;
+  d.rows_served -= b.rows_served, d.bytes_sent -= b.bytes_sent, d.bytes_received -= b.bytes_received;
+  d.cpu_seconds -= b.cpu_seconds;
+  d.stages = stages.minus(b.stages);
+  return d;
+}
+
+RankReport make_report(Communicator& comm, const Placement& placement, const ModelConfig& c, Worker* worker,
+                       const DispatchStats& dispatch, const StageTimes& stages) {
+  RankReport r;
+  r.rank = comm.rank();
+  for (int l = 0; l < c.num_moe_layers(); ++l)
+    for (int e = 0; e < c.num_experts; ++e) r.experts_owned += placement.owns(comm.rank(), l, e);
+  if (worker) {
+    const CacheStats s = worker->store().stats();
+    r.hits = s.hits, r.misses = s.misses, r.bytes_loaded = s.bytes_loaded, r.evictions = s.evictions;
+    r.cache_slots = worker->store().slots();
+    std::snprintf(r.policy, sizeof r.policy, "%s", worker->store().policy());
+  }
+  r.rows_served = dispatch.rows_served;
+  r.bytes_sent = comm.stats().bytes_sent;
+  r.bytes_received = comm.stats().bytes_received;
+  r.peak_rss_kb = peak_rss_kb();
+  r.cpu_seconds = cpu_seconds();
+  r.stages = stages;
+  return r;
 }
 
 double cpu_seconds() {
@@ -107,23 +138,11 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
         for (int l = 0; l < c.num_moe_layers(); ++l) dispatch.forward(l, nullptr, 0, nullptr, nullptr, nullptr);
         break;
       case Op::Report: {
-        RankReport r;
-        r.rank = comm.rank();
-        r.experts_owned = owned;
-        if (worker) {
-          CacheStats s = worker->store().stats();
-          r.hits = s.hits, r.misses = s.misses, r.bytes_loaded = s.bytes_loaded, r.evictions = s.evictions;
-          r.cache_slots = worker->store().slots();
-          std::strncpy(r.policy, worker->store().policy(), sizeof r.policy - 1);
-        }
-        r.rows_served = dispatch.stats().rows_served;
-        r.bytes_sent = comm.stats().bytes_sent;
-        r.bytes_received = comm.stats().bytes_received;
-        r.peak_rss_kb = peak_rss_kb();
-        r.cpu_seconds = cpu_seconds();
-        r.stages = clock.times();
-        gather_reports(comm, r);
-        clock.mark();  // the report is not a stage
+        // NOTE: the wait since the last pass belongs to its phase (the coordinator's
+        // last stages of that pass); the report itself is not a stage.
+        clock.lap(Stage::Wait);
+        gather_reports(comm, make_report(comm, *placement, c, worker.get(), dispatch.stats(), clock.times()));
+        clock.mark();
         break;
       }
       case Op::Stop:

@@ -13,6 +13,11 @@
 #include "model/colibri_file.h"
 #include "worker/expert_store.h"
 
+namespace colibri {
+class Worker;
+struct DispatchStats;
+}  // namespace colibri
+
 namespace colibri::cluster {
 
 enum class Op : int32_t { Setup = 1, Forward = 2, Report = 3, Stop = 4 };
@@ -36,12 +41,18 @@ struct RankReport {
   double cpu_seconds = 0;  // user + system CPU time of this process so far
   char policy[16] = {0};
   StageTimes stages;  // where this rank's time went
+
+  // The counters over a window (this - before); peak RSS, slots and ownership stay this report's.
+  RankReport minus(const RankReport& before) const;
 };
 
 // rank 0: sends an op (and for Setup the payload) to every rank. A Forward
 // op's phase tells the workers which phase to charge their time to.
 void send_op(Communicator& comm, Op op, Phase phase = Phase::Prefill);
 void send_setup(Communicator& comm, const Setup& s);
+// This rank's report: its experts, cache, rows served, traffic, RSS, CPU time and stages.
+RankReport make_report(Communicator& comm, const Placement& placement, const ModelConfig& c, Worker* worker,
+                       const DispatchStats& dispatch, const StageTimes& stages);
 // Gathers every rank's report on rank 0 (every rank calls it after a Report op).
 std::vector<RankReport> gather_reports(Communicator& comm, const RankReport& mine);
 uint64_t peak_rss_kb();

@@ -23,6 +23,18 @@ DispatchStats& DispatchStats::operator+=(const DispatchStats& o) {
   return *this;
 }
 
+DispatchStats DispatchStats::minus(const DispatchStats& b) const {
+  DispatchStats d;
+  d.rows_sent = rows_sent - b.rows_sent;
+  d.rows_remote = rows_remote - b.rows_remote;
+  d.rows_served = rows_served - b.rows_served;
+  d.layers = layers - b.layers;
+  d.token_layers = token_layers - b.token_layers;
+  d.token_ranks_remote = token_ranks_remote - b.token_ranks_remote;
+  d.distinct_experts = distinct_experts - b.distinct_experts;
+  return d;
+}
+
 double LayerBalance::mean(int layer) const {
   const size_t l = static_cast<size_t>(layer);
   if (l >= passes.size() || passes[l] == 0) return std::numeric_limits<double>::quiet_NaN();

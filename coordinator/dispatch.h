@@ -28,6 +28,7 @@ struct DispatchStats {
   uint64_t distinct_experts = 0;  // distinct experts chosen per layer, summed over layers and passes
 
   DispatchStats& operator+=(const DispatchStats& o);
+  DispatchStats minus(const DispatchStats& before) const;  // counters over a window
 };
 
 // Load balance of the MoE layers, on the rank that plans the dispatch (rank 0).

@@ -540,6 +540,16 @@ std::vector<SequenceOutput> Engine::generate(const std::vector<Request>& reqs, c
       out[static_cast<size_t>(s)].finish_reason = "length";
     }
   }
+  {
+    // NOTE: the per-pass timings grow during the loops: reserve, so a step allocates nothing.
+    int64_t prompt = 0, steps = 0;
+    for (const Request& r : reqs) {
+      prompt += static_cast<int64_t>(r.prompt.size());
+      steps = std::max<int64_t>(steps, r.max_new_tokens);
+    }
+    st.prefill_pass_seconds.reserve(static_cast<size_t>((prompt + chunk_ - 1) / chunk_));
+    st.decode_step_seconds.reserve(static_cast<size_t>(steps));
+  }
   std::vector<int32_t> tok(static_cast<size_t>(rows_cap_)), seq(static_cast<size_t>(rows_cap_)),
       pos(static_cast<size_t>(rows_cap_));
   std::vector<uint8_t> want(static_cast<size_t>(rows_cap_));

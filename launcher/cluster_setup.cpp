@@ -47,8 +47,8 @@ void add_cluster_options(cxxopts::Options& o) {
       "cache-policy", "lru, lfu, hybrid, pinned, ...", cxxopts::value<std::string>()->default_value("lru"))(
       "cache-decay", "Hybrid policy: decay per tick", cxxopts::value<double>()->default_value("0.9"))(
       "routing-replay",
-      "Replace the router's choices with a recorded trace's (same experts and top-k; e.g. "
-      "../shared/traces/mixtral-8x7b/*.jsonl), each layer's rows in order",
+      "Replace the router's choices with a recorded trace's (the model's top-k, no more experts than it has, "
+      "at least its MoE layers; e.g. ../shared/traces/mixtral-8x7b/*.jsonl), each layer's rows in order",
       cxxopts::value<std::string>());
   o.add_options("cluster")("comm", "Communicator: auto (mpi under mpirun/srun, else local), local, mpi, nccl",
                            cxxopts::value<std::string>()->default_value("auto"))(
@@ -160,23 +160,8 @@ void serve_worker(ClusterRuntime& rt, const std::shared_ptr<const ColibriFile>& 
 }
 
 std::vector<cluster::RankReport> rank_reports(Engine& engine, Communicator& comm) {
-  const ModelConfig& cfg = engine.config();
-  cluster::RankReport mine;
-  mine.rank = 0;
-  if (Worker* w = engine.local_worker()) {
-    CacheStats cs = w->store().stats();
-    mine.hits = cs.hits, mine.misses = cs.misses, mine.bytes_loaded = cs.bytes_loaded, mine.evictions = cs.evictions;
-    mine.cache_slots = w->store().slots();
-    std::snprintf(mine.policy, sizeof mine.policy, "%s", w->store().policy());
-    for (int l = 0; l < cfg.num_moe_layers(); ++l)
-      for (int e = 0; e < cfg.num_experts; ++e) mine.experts_owned += engine.placement().owns(0, l, e);
-  }
-  mine.rows_served = engine.dispatch_stats().rows_served;
-  mine.bytes_sent = comm.stats().bytes_sent;
-  mine.bytes_received = comm.stats().bytes_received;
-  mine.peak_rss_kb = cluster::peak_rss_kb();
-  mine.cpu_seconds = cluster::cpu_seconds();
-  mine.stages = engine.stage_times();
+  const cluster::RankReport mine = cluster::make_report(comm, engine.placement(), engine.config(), engine.local_worker(),
+                                                        engine.dispatch_stats(), engine.stage_times());
   if (comm.size() == 1) return {mine};
   cluster::send_op(comm, cluster::Op::Report);
   return cluster::gather_reports(comm, mine);

@@ -38,6 +38,7 @@
 #include "kernels/cpu/kernels.h"
 #include "launcher/cluster_setup.h"
 #include "launcher/commands.h"
+#include "launcher/signals.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
 #include "model/text.h"
@@ -118,12 +119,12 @@ class NoiseProbe {
   void start() {
     load1_ = load_average();
     busy0_ = busy_seconds();
-    self0_ = self_seconds();
+    self0_ = cluster::cpu_seconds();
     wall0_ = std::chrono::steady_clock::now();
   }
   void stop() {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0_).count();
-    const double busy = busy_seconds() - busy0_, self = self_seconds() - self0_;
+    const double busy = busy_seconds() - busy0_, self = cluster::cpu_seconds() - self0_;
     others_ = std::max(0.0, busy - self);
     const double cpus = std::max(1u, std::thread::hardware_concurrency());
     share_ = wall > 0 ? others_ / (wall * cpus) : 0;
@@ -161,12 +162,6 @@ class NoiseProbe {
     uint64_t user = 0, nice = 0, sys = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
     if (!(in >> cpu >> user >> nice >> sys >> idle >> iowait >> irq >> softirq >> steal) || cpu != "cpu") return 0;
     return static_cast<double>(user + nice + sys + irq + softirq + steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
-  }
-  static double self_seconds() {
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-           1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
   }
   double load1_ = 0, busy0_ = 0, self0_ = 0, others_ = 0, share_ = 0, wall_ = 0;
   std::chrono::steady_clock::time_point wall0_;
@@ -264,18 +259,6 @@ struct RepResult {
   double prefill_gemm_flops = 0, prefill_gemm_seconds = 0, prefill_gemm_gflops = 0;
 };
 
-// A rank's counters over the timed repetitions: `after` - `before` (peak RSS,
-// slots and ownership as of `after`).
-cluster::RankReport window(const cluster::RankReport& after, const cluster::RankReport& before) {
-  cluster::RankReport d = after;
-  d.hits -= before.hits, d.misses -= before.misses, d.bytes_loaded -= before.bytes_loaded;
-  d.evictions -= before.evictions, d.rows_served -= before.rows_served;
-  d.bytes_sent -= before.bytes_sent, d.bytes_received -= before.bytes_received;
-  d.cpu_seconds -= before.cpu_seconds;
-  d.stages = after.stages.minus(before.stages);
-  return d;
-}
-
 // Nearest-rank percentile of v (sorted ascending); NaN when empty.
 double percentile(const std::vector<double>& v, double p) {
   if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
@@ -323,9 +306,27 @@ std::string join(const std::vector<double>& v, int mul = 1) {
   return s;
 }
 
-// Appends `row` to the CSV at `path`, writing `header` first when the file is
-// new or empty; refuses a file whose header differs. One write(2) per row.
-void append_csv(const std::string& path, const std::string& header, const std::string& row) {
+// The CSV's columns: the configuration, the results, then each stage's ms per
+// decode step for the coordinator (coord_*) and the workers' mean (workers_*).
+std::string csv_header() {
+  static const char* const fixed[] = {
+      "timestamp", "version", "command", "label", "model", "layers", "moe_layers", "experts", "top_k", "hidden",
+      "world", "comm", "policy", "placement", "coordinator_experts", "batch", "prompt_len", "new_tokens", "warmup",
+      "reps", "seed", "threads", "kernels", "cache_policy", "cache_budget_experts", "cache_budget_bytes",
+      "routing_replay", "stage_sync", "prefill_tok_s", "decode_tok_s", "step_ms_p50", "step_ms_p90", "step_ms_p99",
+      "step_ms_mean", "decode_steps", "exchange_bytes_per_token", "exchange_min_bytes_per_token", "balancedness_mean",
+      "balancedness_per_layer", "hit_rate", "hit_rate_per_rank", "peak_rss_mib_max", "peak_rss_mib_per_rank"};
+  std::string h;
+  for (const char* c : fixed) h += (h.empty() ? "" : ",") + std::string(c);
+  for (const char* who : {"coord_", "workers_"})
+    for (int s = 0; s <= kNumStages; ++s)
+      h += "," + std::string(who) + (s < kNumStages ? stage_name(static_cast<Stage>(s)) : "other") + "_ms";
+  return h;
+}
+
+// Refuses (InvalidArgument, naming the first differing column) a CSV whose
+// header is not `header`; a missing or empty file is fine.
+void check_csv_header(const std::string& path, const std::string& header) {
   {
     std::ifstream in(path);
     std::string first;
@@ -346,6 +347,12 @@ void append_csv(const std::string& path, const std::string& header, const std::s
       }
     }
   }
+}
+
+// Appends `row` to the CSV at `path`, writing `header` first when the file is
+// new or empty; refuses a file whose header differs. One write(2) per row.
+void append_csv(const std::string& path, const std::string& header, const std::string& row) {
+  check_csv_header(path, header);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (fd < 0) throw Error(Status::Io, "cannot open --csv " + path + ": " + std::strerror(errno));
   const bool empty = ::lseek(fd, 0, SEEK_END) == 0;
@@ -410,6 +417,12 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
     serve_worker(rt, file, es);
     return 0;
   }
+  if (!es.fault.empty())
+    bad_arg("--inject-fault " + r["inject-fault"].as<std::string>() +
+            ": bench kills worker ranks only (rank 0's faults are for colibri run)");
+  // Before any work: a CSV this build cannot append to is refused now, not after the run.
+  const std::string csv_path = r.count("csv") ? r["csv"].as<std::string>() : "";
+  if (!csv_path.empty()) check_csv_header(csv_path, csv_header());
   const std::shared_ptr<RoutingReplay> replay = es.replay;
   const std::string& replay_path = es.replay_path;
   const bool stage_sync = world > 1 && r.count("no-stage-sync") == 0;
@@ -432,6 +445,7 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
   DispatchStats disp_before, disp_after;
   LayerBalance bal_before, bal_after;
   uint64_t decode_bytes = 0;  // rank 0's bytes sent + received during the timed decodes
+  int sig = 0;                // the signal that stopped the benchmark, if one did
   {
     EngineOptions eo = engine_options(B, P, N, chunk);
     eo.placement = es.placement;
@@ -448,6 +462,7 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
     // exchanged so far: read when the last sequence's first token (the end of
     // prefill) arrives.
     GenerateOptions go;
+    go.interrupt = stop_flag();  // SIGINT/SIGTERM: stop after the current forward pass
     int64_t first_seen = 0;
     kernels::GemmStats prefill_gemm;
     uint64_t bytes_at_prefill_end = 0;
@@ -474,6 +489,10 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
       first_seen = 0;
       kernels::reset_gemm_stats();
       auto out = engine.generate(reqs, go, &rr.st);
+      if (rr.st.interrupted) {
+        sig = rr.st.interrupted;
+        break;
+      }
       rr.prefill_gemm_flops = prefill_gemm.flops;
       rr.prefill_gemm_seconds = prefill_gemm.seconds;
       rr.prefill_gemm_gflops = prefill_gemm.seconds > 0 ? prefill_gemm.flops / prefill_gemm.seconds / 1e9 : 0;
@@ -495,6 +514,11 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
     engine.stop_workers();
     if (world > 1) comm.barrier();
   }
+  if (sig) {
+    spdlog::warn("interrupted by {}: the benchmark stopped; nothing was printed or written", signal_name(sig));
+    rt.finish();
+    return 128 + sig;
+  }
   if (!identical) spdlog::warn("the repetitions generated different tokens (the engine should be deterministic)");
 
   // The cluster figures of the timed window.
@@ -502,7 +526,7 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
   cf.world = world;
   double cpu_others = 0;  // the workers' CPU time: part of the benchmark, not noise
   for (size_t i = 0; i < after.size(); ++i) {
-    cf.ranks.push_back(window(after[i], before[i]));
+    cf.ranks.push_back(after[i].minus(before[i]));
     if (i > 0) cpu_others += cf.ranks.back().cpu_seconds;
   }
   noise.exclude(cpu_others);
@@ -522,10 +546,7 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
   for (double t : cf.step_ms) cf.mean += t / static_cast<double>(cf.step_ms.size());
   const double per_token = 1.0 / static_cast<double>(std::max<uint64_t>(1, cf.decode_tokens));
   const double row_bytes = static_cast<double>(c.hidden_size) * sizeof(float);
-  DispatchStats dd = disp_after;
-  dd.token_ranks_remote -= disp_before.token_ranks_remote;
-  dd.distinct_experts -= disp_before.distinct_experts;
-  dd.layers -= disp_before.layers;
+  const DispatchStats dd = disp_after.minus(disp_before);
   cf.exchange_bytes_per_token = static_cast<double>(decode_bytes) * per_token;
   cf.min_bytes_per_token = 2.0 * static_cast<double>(dd.token_ranks_remote) * row_bytes * per_token;
   const LayerBalance lb = bal_after.minus(bal_before);
@@ -593,11 +614,12 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
   const std::string placement_src = r.count("placement") ? r["placement"].as<std::string>() : "";
   const std::string policy = r.count("placement") ? "file" : r["policy"].as<std::string>();
   const bool coord_experts = world == 1 || r.count("coordinator-experts") > 0;
-  const int64_t budget_experts = r["expert-cache-experts"].as<int64_t>();
-  const uint64_t budget_bytes = parse_bytes(r["expert-cache-bytes"].as<std::string>());
+  const int64_t budget_experts = es.store.budget_experts;
+  const uint64_t budget_bytes = es.store.budget_bytes;
   const std::string label = r.count("label") ? r["label"].as<std::string>() : "";
 
-  if (r.count("csv")) {
+  std::string csv_row;
+  if (!csv_path.empty()) {
     std::vector<std::pair<std::string, std::string>> f;
     auto add = [&](const std::string& k, const std::string& v) { f.emplace_back(k, v); };
     auto addi = [&](const std::string& k, long long v) { f.emplace_back(k, std::to_string(v)); };
@@ -650,13 +672,19 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
         }
         add((who == 0 ? "coord_" : "workers_") + name + "_ms", csv_num(v));
       }
-    std::string header, row;
+    std::string header;
     for (size_t i = 0; i < f.size(); ++i) {
       header += (i ? "," : "") + f[i].first;
-      row += (i ? "," : "") + csv_field(f[i].second);
+      csv_row += (i ? "," : "") + csv_field(f[i].second);
     }
-    append_csv(r["csv"].as<std::string>(), header, row);
+    if (header != csv_header()) throw Error(Status::Internal, "bench's CSV row does not follow its header");
   }
+  // After the results are printed: the CSV row, then the end of the cluster.
+  auto finish = [&] {
+    if (!csv_path.empty()) append_csv(csv_path, csv_header(), csv_row);
+    rt.finish();
+    return 0;
+  };
 
   if (as_json) {
     json reps_j = json::array();
@@ -785,8 +813,8 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
           {"weight_and_kv_gbps", tgbps.median}}},
     };
     std::printf("%s\n", out.dump(2).c_str());
-    rt.finish();
-    return 0;
+    std::fflush(stdout);
+    return finish();
   }
 
   std::printf("model:    %s\n", file->path().c_str());
@@ -862,8 +890,8 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
                 (unsigned long long)rr.misses, hr, (unsigned long long)rr.rows_served, rr.peak_rss_kb / 1024.0);
   }
   noise.print();
-  rt.finish();
-  return 0;
+  std::fflush(stdout);
+  return finish();
 }
 
 int bench_model(const cxxopts::ParseResult& r, const std::string& command) {

@@ -14,6 +14,7 @@
 #   time on a coordinator without experts), rank 0's stages adding up to its step.
 # - --csv: appends one row per run under one header (also when its lines end in CRLF);
 #   a file with other columns is refused (exit 11) and left as it was.
+# - SIGINT stops a benchmark with exit 130 and writes nothing.
 # - a bad trace (other expert count) ends every rank with exit 11 and a message.
 set -euo pipefail
 
@@ -80,9 +81,10 @@ check "$J" "all(r['decode_stage_ms_per_step'][s] == 0 for r in d['ranks'][1:] fo
 check "$J" "all(r['decode_stage_ms_per_step']['expert_ffn'] > 0 for r in d['ranks'][1:])" "workers computed"
 check "$J" "d['ranks'][0]['decode_stage_ms_per_step']['attention'] > 0 and d['ranks'][0]['decode_stage_ms_per_step']['exchange'] > 0" \
   "coordinator attention and exchange"
-# Accounting, not speed: rank 0's stages plus 'other' are its decode time per step.
-check "$J" "abs(sum(d['ranks'][0]['decode_stage_ms_per_step'].values()) - d['decode_step_ms']['mean']) <= 0.05 * d['decode_step_ms']['mean'] + 0.01" \
-  "rank 0's stages add up to its step"
+# Accounting, not speed: rank 0's stages cover its decode steps; 'other' (outside every
+# stage: building the next step's rows) stays a sliver of the step.
+check "$J" "d['ranks'][0]['decode_stage_ms_per_step']['other'] <= 0.1 * d['decode_step_ms']['mean'] + 0.05" \
+  "rank 0's stages cover its step"
 check "$J" "all(r['peak_rss_bytes'] > 0 for r in d['ranks']) and d['hit_rate'] == 1.0" "RSS and hit rate"
 # Prefill: B x P = 20 tokens in one pass of up to 256 per rep; its stages where they belong too.
 check "$J" "d['prefill_pass_ms']['passes'] == $R and 0 < d['prefill_pass_ms']['p50'] <= d['prefill_pass_ms']['p99']" "prefill passes"
@@ -136,6 +138,22 @@ expect_rc 11 "a CSV with other columns" "$BIN" bench --model "$M" --batch 1 --pr
 err_has "has other columns (column 3: 'something_else'"
 cmp -s "$T/other.csv" "$T/other.orig" || fail "the refused CSV was changed"
 pass "a CSV with other columns is refused and left as it was"
+
+step "interrupt"
+# SIGINT stops the benchmark after the current forward pass: exit 130, nothing written.
+set +e
+"$BIN" bench --model "$M" --batch 16 --prompt-len 8 --new-tokens 200 --reps 1000 --warmup 0 --csv "$T/int.csv" \
+  >"$T/out" 2>"$T/err" &
+pid=$!
+sleep 1.5
+kill -INT $pid
+wait $pid
+RC=$?
+set -e
+[ "$RC" -eq 130 ] || fail "bench after SIGINT: exit status $RC, expected 130"
+err_has "interrupted by SIGINT"
+[ ! -e "$T/int.csv" ] || fail "an interrupted bench wrote its CSV"
+pass "SIGINT: exit 130, no CSV row"
 
 step "record what is replayed"
 expect_rc 0 "run, 3 ranks, replay + record" "$BIN" launch -n 3 -- run --model "$M" --prompt-ids 1,2,3 --prompt-ids 4 -n 3 \

@@ -70,6 +70,14 @@ expect_rc 0 "the same sweep again" "${SWEEP[@]}"
 out_has "ran 0, skipped 6, failed 0"
 cmp -s "$T/r.csv" "$T/full.csv" || fail "the CSV changed"
 pass "a finished sweep resumes to nothing"
+expect_rc 0 "one point again with another cache policy" "${SWEEP[@]}" --ranks 2 --policies contiguous --cache-budgets 2 \
+  --cache-policy lfu
+out_has "ran 1, skipped 0, failed 0"
+expect_rc 0 "one point again with extra bench options" "${SWEEP[@]}" --ranks 2 --policies contiguous --cache-budgets 2 \
+  -- --no-stage-sync
+out_has "ran 1, skipped 0, failed 0"
+cp "$T/full.csv" "$T/r.csv"
+pass "another cache policy or other extra options are other points"
 head -n 6 "$T/full.csv" >"$T/r.csv"
 expect_rc 0 "the sweep after losing its last row" "${SWEEP[@]}"
 out_has "ran 1, skipped 5, failed 0"
