@@ -1,0 +1,289 @@
+// ffn.cu: the GPU expert FFN (see ffn.h): packing, the cuBLASLt GEMM, the
+// activation kernels, and the CUDA error checks.
+#include <cuda_bf16.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ffn.h"
+#include "model/error.h"
+
+namespace colibri::cuda {
+
+void fail_cuda(cudaError_t e, const char* call, const char* file, int line) {
+  const Status st = e == cudaErrorMemoryAllocation ? Status::OutOfMemory : Status::Internal;
+  cudaGetLastError();  // clear a non-sticky error so the next call does not report it again
+  throw Error(st, std::string("CUDA: ") + call + " failed at " + file + ":" + std::to_string(line) + ": " +
+                      cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+void fail_cublas(cublasStatus_t s, const char* call, const char* file, int line) {
+  const Status st = s == CUBLAS_STATUS_ALLOC_FAILED ? Status::OutOfMemory
+                    : s == CUBLAS_STATUS_NOT_SUPPORTED ? Status::Unsupported
+                                                       : Status::Internal;
+  throw Error(st, std::string("cuBLASLt: ") + call + " failed at " + file + ":" + std::to_string(line) + ": " +
+                      cublasLtGetStatusName(s) + " (" + cublasLtGetStatusString(s) + ")");
+}
+
+namespace {
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+constexpr int kThreads = 256;
+
+int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 65535 * 32 ? b : 65535 * 32);
+}
+
+__global__ void to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(x[i]);
+}
+
+// gu: [rows][2 * inter] f32 (gate columns, then up columns) -> h: [rows][inter] bf16.
+__global__ void activation_kernel(const float* __restrict__ gu, int64_t rows, int64_t inter,
+                                  const float* __restrict__ gate_bias, const float* __restrict__ up_bias, bool oai,
+                                  float alpha, float limit, __nv_bfloat16* __restrict__ h) {
+  const int64_t n = rows * inter;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / inter, c = i - r * inter;
+    float g = gu[r * 2 * inter + c], u = gu[r * 2 * inter + inter + c];
+    if (gate_bias) g += gate_bias[c];
+    if (up_bias) u += up_bias[c];
+    float v;
+    if (oai) {
+      // gpt-oss: g = min(g, limit), u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha * g)
+      const float gv = fminf(g, limit);
+      const float uv = fminf(fmaxf(u, -limit), limit);
+      v = (uv + 1.0f) * (gv / (1.0f + expf(-(gv * alpha))));
+    } else {
+      v = g / (1.0f + expf(-g)) * u;  // silu(g) * u
+    }
+    h[i] = __float2bfloat16_rn(v);
+  }
+}
+
+__global__ void add_bias_kernel(float* __restrict__ y, int64_t rows, int64_t cols, const float* __restrict__ bias) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += bias[i % cols];
+}
+
+}  // namespace
+
+// ---- layout -----------------------------------------------------------------
+
+PackedFfnLayout PackedFfnLayout::of(const FfnShape& s, bool biases) {
+  if (s.hidden < 1 || s.inter < 1) throw Error(Status::InvalidArgument, "FFN shape must be positive");
+  PackedFfnLayout l;
+  l.biases = biases;
+  const size_t H = static_cast<size_t>(s.hidden), I = static_cast<size_t>(s.inter);
+  size_t off = 0;
+  l.gate_up = off;
+  off = align256(off + 2 * I * H * 2);
+  l.down = off;
+  off = align256(off + H * I * 2);
+  if (biases) {
+    l.gate_bias = off;
+    off = align256(off + I * 4);
+    l.up_bias = off;
+    off = align256(off + I * 4);
+    l.down_bias = off;
+    off = align256(off + H * 4);
+  }
+  l.bytes = off;
+  return l;
+}
+
+DeviceFfn DeviceFfn::at(const void* dev, const PackedFfnLayout& l) {
+  const char* b = static_cast<const char*>(dev);
+  DeviceFfn d;
+  d.gate_up = reinterpret_cast<const uint16_t*>(b + l.gate_up);
+  d.down = reinterpret_cast<const uint16_t*>(b + l.down);
+  if (l.biases) {
+    d.gate_bias = reinterpret_cast<const float*>(b + l.gate_bias);
+    d.up_bias = reinterpret_cast<const float*>(b + l.up_bias);
+    d.down_bias = reinterpret_cast<const float*>(b + l.down_bias);
+  }
+  return d;
+}
+
+// ---- GEMM ----------------------------------------------------------------------
+
+struct Gemm::Impl {
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  // Per shape (out, in, rows): the layouts and the heuristic's algorithm.
+  struct Plan {
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::map<std::tuple<int64_t, int64_t, int64_t>, Plan> plans;
+
+  ~Impl() {
+    for (auto& [k, p] : plans) {
+      cublasLtMatrixLayoutDestroy(p.a);
+      cublasLtMatrixLayoutDestroy(p.b);
+      cublasLtMatrixLayoutDestroy(p.c);
+    }
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (handle) cublasLtDestroy(handle);
+    if (workspace) cudaFree(workspace);
+  }
+
+  const Plan& plan(int64_t out, int64_t in, int64_t rows) {
+    const auto key = std::make_tuple(out, in, rows);
+    auto it = plans.find(key);
+    if (it != plans.end()) return it->second;
+    // Column-major view: D[out x rows] = op(A)[out x in] . B[in x rows], where A is
+    // the row-major weight [out][in] seen as [in x out] (transposed by the op), B
+    // the row-major activations [rows][in] seen as [in x rows], and D the row-major
+    // output [rows][out] seen as [out x rows].
+    Plan p;
+    COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, in, out, in));
+    COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, in, rows, in));
+    COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, out, rows, out));
+    cublasLtMatmulHeuristicResult_t r{};
+    int found = 0;
+    COLIBRI_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, p.a, p.b, p.c, p.c, pref, 1, &r, &found));
+    if (found < 1)
+      throw Error(Status::Unsupported, "cuBLASLt has no algorithm for a bf16 GEMM of " + std::to_string(rows) + " x " +
+                                           std::to_string(in) + " by " + std::to_string(out) + " x " + std::to_string(in));
+    p.algo = r.algo;
+    return plans.emplace(key, p).first->second;
+  }
+};
+
+Gemm::Gemm(void* stream, size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+  impl_->stream = as_stream(stream);
+  impl_->workspace_bytes = workspace_bytes;
+  COLIBRI_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+  if (workspace_bytes) COLIBRI_CUDA_CHECK(cudaMalloc(&impl_->workspace, workspace_bytes));
+  COLIBRI_CUBLAS_CHECK(cublasLtMatmulDescCreate(&impl_->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  COLIBRI_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(impl_->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  COLIBRI_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(impl_->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  COLIBRI_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&impl_->pref));
+  COLIBRI_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(impl_->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                            &workspace_bytes, sizeof workspace_bytes));
+}
+
+Gemm::~Gemm() = default;
+
+void Gemm::run(const uint16_t* w, int64_t out, int64_t in, const uint16_t* x, int64_t rows, float* y) {
+  if (out < 1 || in < 1 || rows < 0) throw Error(Status::InvalidArgument, "GEMM shape must be positive");
+  if (rows == 0) return;
+  if (!w || !x || !y) throw Error(Status::InvalidArgument, "GEMM: null device pointer");
+  const auto& p = impl_->plan(out, in, rows);
+  const float alpha = 1.0f, beta = 0.0f;
+  COLIBRI_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, impl_->op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
+                                      &p.algo, impl_->workspace, impl_->workspace_bytes, impl_->stream));
+}
+
+// ---- the FFN -----------------------------------------------------------------------
+
+struct FfnRunner::Impl {
+  FfnShape spec;
+  int64_t max_rows = 0;
+  cudaStream_t stream = nullptr;
+  Gemm gemm;
+  DeviceBuffer xb, gu, h;  // x as bf16 [rows][hidden], gate|up f32 [rows][2 * inter], h bf16 [rows][inter]
+  Impl(const FfnShape& s, int64_t rows, void* st) : spec(s), max_rows(rows), stream(as_stream(st)), gemm(st) {}
+};
+
+FfnRunner::FfnRunner(const FfnShape& s, int64_t max_rows, void* stream)
+    : impl_(std::make_unique<Impl>(s, max_rows, stream)) {
+  if (max_rows < 1) throw Error(Status::InvalidArgument, "FfnRunner: max rows must be >= 1");
+  const size_t R = static_cast<size_t>(max_rows), H = static_cast<size_t>(s.hidden), I = static_cast<size_t>(s.inter);
+  impl_->xb = DeviceBuffer(R * H * 2);
+  impl_->gu = DeviceBuffer(R * 2 * I * 4);
+  impl_->h = DeviceBuffer(R * I * 2);
+}
+
+FfnRunner::~FfnRunner() = default;
+
+const FfnShape& FfnRunner::shape() const { return impl_->spec; }
+
+void FfnRunner::run(const DeviceFfn& w, const float* x, int64_t rows, float* y) {
+  Impl& m = *impl_;
+  if (rows < 0 || rows > m.max_rows)
+    throw Error(Status::InvalidArgument, "FfnRunner: " + std::to_string(rows) + " rows, sized for " +
+                                             std::to_string(m.max_rows));
+  if (rows == 0) return;
+  if (!w.gate_up || !w.down || !x || !y) throw Error(Status::InvalidArgument, "FfnRunner: null device pointer");
+  const int64_t H = m.spec.hidden, I = m.spec.inter;
+  to_bf16(x, m.xb.as<uint16_t>(), rows * H, m.stream);
+  m.gemm.run(w.gate_up, 2 * I, H, m.xb.as<uint16_t>(), rows, m.gu.as<float>());
+  activation_kernel<<<blocks_for(rows * I), kThreads, 0, m.stream>>>(
+      m.gu.as<float>(), rows, I, w.gate_bias, w.up_bias, m.spec.oai, m.spec.alpha, m.spec.limit,
+      m.h.as<__nv_bfloat16>());
+  COLIBRI_CUDA_LAUNCH_CHECK("activation_kernel");
+  m.gemm.run(w.down, H, I, m.h.as<uint16_t>(), rows, y);
+  if (w.down_bias) {
+    add_bias_kernel<<<blocks_for(rows * H), kThreads, 0, m.stream>>>(y, rows, H, w.down_bias);
+    COLIBRI_CUDA_LAUNCH_CHECK("add_bias_kernel");
+  }
+}
+
+void to_bf16(const float* x, uint16_t* y, int64_t n, void* stream) {
+  if (n <= 0) return;
+  to_bf16_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(x, reinterpret_cast<__nv_bfloat16*>(y), n);
+  COLIBRI_CUDA_LAUNCH_CHECK("to_bf16_kernel");
+}
+
+// ---- memory ---------------------------------------------------------------------------
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes) COLIBRI_CUDA_CHECK(cudaMalloc(&p_, bytes));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (p_) cudaFree(p_);
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) {
+  o.p_ = nullptr;
+  o.bytes_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (p_) cudaFree(p_);
+    p_ = o.p_;
+    bytes_ = o.bytes_;
+    o.p_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
+  if (offset + bytes > bytes_) throw Error(Status::InvalidArgument, "DeviceBuffer::upload past the end");
+  COLIBRI_CUDA_CHECK(cudaMemcpy(static_cast<char*>(p_) + offset, src, bytes, cudaMemcpyHostToDevice));
+}
+
+void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
+  if (offset + bytes > bytes_) throw Error(Status::InvalidArgument, "DeviceBuffer::download past the end");
+  COLIBRI_CUDA_CHECK(cudaMemcpy(dst, static_cast<const char*>(p_) + offset, bytes, cudaMemcpyDeviceToHost));
+}
+
+void synchronize(void* stream) {
+  COLIBRI_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream)));
+  COLIBRI_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace colibri::cuda
