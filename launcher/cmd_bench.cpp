@@ -1342,6 +1342,8 @@ int cmd_bench(int argc, char** argv) {
   cxxopts::Options o("colibri bench",
                      "Measure generation speed, memory bandwidth or peak FMA throughput (docs/benchmarks.md).\n"
                      "  colibri bench --model FILE [--batch B --prompt-len P --new-tokens N --reps R --warmup W]\n"
+                     "  colibri launch -n N -- bench --model FILE [--policy P --expert-cache-experts C\n"
+                     "      --routing-replay T --csv F --json]   (a cluster: stages, exchange, balance; docs/scaling.md)\n"
                      "  colibri bench --memory-bandwidth [--size-mb M --reps R]\n"
                      "  colibri bench --peak-flops [--reps R]\n"
                      "  colibri bench --tokenizer --model FILE [--text-file T --reps R]");
