@@ -63,10 +63,10 @@ RankReport make_report(Communicator& comm, const Placement& placement, const Mod
   for (int l = 0; l < c.num_moe_layers(); ++l)
     for (int e = 0; e < c.num_experts; ++e) r.experts_owned += placement.owns(comm.rank(), l, e);
   if (worker) {
-    const CacheStats s = worker->store().stats();
+    const CacheStats s = worker->cache_stats();
     r.hits = s.hits, r.misses = s.misses, r.bytes_loaded = s.bytes_loaded, r.evictions = s.evictions;
-    r.cache_slots = worker->store().slots();
-    std::snprintf(r.policy, sizeof r.policy, "%s", worker->store().policy());
+    r.cache_slots = worker->cache_slots();
+    std::snprintf(r.policy, sizeof r.policy, "%s", worker->cache_policy());
   }
   r.rows_served = dispatch.rows_served;
   r.bytes_sent = comm.stats().bytes_sent;

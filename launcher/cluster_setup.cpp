@@ -52,7 +52,9 @@ void add_cluster_options(cxxopts::Options& o) {
       cxxopts::value<std::string>());
   o.add_options("cluster")("comm", "Communicator: auto (mpi under mpirun/srun, else local), local, mpi, nccl",
                            cxxopts::value<std::string>()->default_value("auto"))(
-      "gpu", "NCCL backend: GPU of this rank; -1 = the local rank", cxxopts::value<int>()->default_value("-1"))(
+      "device", "Where expert ranks compute their experts: cpu, or cuda (every owned expert resident on the GPU; "
+      "no fast tier yet; docs/cuda.md)", cxxopts::value<std::string>()->default_value("cpu"))(
+      "gpu", "GPU of this rank (NCCL backend, --device cuda); -1 = the local rank", cxxopts::value<int>()->default_value("-1"))(
       "comm-timeout", "Seconds a rank waits for a peer before failing", cxxopts::value<double>()->default_value("120"))(
       "inject-fault", "Testing aid: RANK:kill:N kills a worker at its N-th forward pass, rank 0 at its N-th token; RANK:kill:start at start-up", cxxopts::value<std::string>());
 }
@@ -60,6 +62,16 @@ void add_cluster_options(cxxopts::Options& o) {
 void ClusterRuntime::finish() {
   comm.reset();
   if (comm_kind != "local") mpi_runtime::finalize();
+}
+
+int rank_gpu(const cxxopts::ParseResult& r) {
+  int gpu = r["gpu"].as<int>();
+  if (gpu < 0) {
+    const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!lr) lr = std::getenv("SLURM_LOCALID");
+    gpu = lr ? std::atoi(lr) : 0;
+  }
+  return gpu;
 }
 
 ClusterRuntime open_cluster(const cxxopts::ParseResult& r, bool local_only) {
@@ -74,12 +86,7 @@ ClusterRuntime open_cluster(const cxxopts::ParseResult& r, bool local_only) {
     if (kind == "mpi") {
       rt.comm = make_mpi_communicator();
     } else {
-      int gpu = r["gpu"].as<int>();
-      if (gpu < 0) {
-        const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-        gpu = lr ? std::atoi(lr) : 0;
-      }
-      rt.comm = make_nccl_communicator(gpu);
+      rt.comm = make_nccl_communicator(rank_gpu(r));
       if (!rt.comm) throw Error(Status::Unsupported, "this build has no NCCL (CUDA and NCCL were not found at configure time)");
     }
     if (!rt.comm) throw Error(Status::Unsupported, "this build has no MPI (configure with Open MPI installed)");
@@ -128,6 +135,11 @@ ExpertSetup expert_setup(const cxxopts::ParseResult& r, const ColibriFile& file,
   if (so.budget_experts < 0) throw Error(Status::InvalidArgument, "--expert-cache-experts must be >= 0");
   so.policy = r["cache-policy"].as<std::string>();
   so.decay = r["cache-decay"].as<double>();
+  const std::string device = r["device"].as<std::string>();
+  if (device == "cuda")
+    so.device = rank_gpu(r);
+  else if (device != "cpu")
+    throw Error(Status::InvalidArgument, "--device '" + device + "' (cpu or cuda)");
   if (so.policy == "pinned") {
     if (!es.stats) throw Error(Status::InvalidArgument, "--cache-policy pinned needs --stats STATS.json");
     if (es.stats->num_layers != L || es.stats->num_experts != E)

@@ -37,6 +37,9 @@ struct ClusterRuntime {
 // SIGTERM stop flag and, with several ranks, the rank in every log line.
 ClusterRuntime open_cluster(const cxxopts::ParseResult& r, bool local_only = false);
 
+// --gpu, or this node's local rank (Open MPI, SLURM) when it is -1.
+int rank_gpu(const cxxopts::ParseResult& r);
+
 // --threads for this rank: 0 = all cores for one rank, the cores divided among
 // this node's ranks otherwise. Applies it (kernels::set_threads); returns it.
 int set_rank_threads(int requested, int world);

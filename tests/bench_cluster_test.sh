@@ -15,6 +15,8 @@
 # - --csv: appends one row per run under one header (also when its lines end in CRLF);
 #   a file with other columns is refused (exit 11) and left as it was.
 # - SIGINT stops a benchmark with exit 130 and writes nothing.
+# - --device: an unknown one and a GPU fast-tier budget are refused (exit 11); --device cuda
+#   runs where a GPU is, and is refused with exit 15 on every rank where none is.
 # - a bad trace (other expert count) ends every rank with exit 11 and a message.
 set -euo pipefail
 
@@ -167,6 +169,24 @@ for r in rows:
     assert (r["experts"], r["weights"]) == want, r
 PYEOF
 pass "run --record-routing holds exactly the replayed experts and weights"
+
+step "device"
+# --device cuda: every owned expert on the GPU. Without a GPU (or CUDA in the build) a
+# clear refusal on every rank (exit 15); with one, the run completes.
+expect_rc 11 "--device tpu" "$BIN" generate --model "$M" --prompt-ids 1,2,3 -n 2 --device tpu
+err_has "--device 'tpu' (cpu or cuda)"
+expect_rc 11 "--device cuda with a fast-tier budget" "$BIN" generate --model "$M" --prompt-ids 1,2,3 -n 2 --device cuda \
+  --expert-cache-experts 2
+err_has "a GPU fast tier (--expert-cache-bytes/--expert-cache-experts) is not implemented yet"
+run "$BIN" launch -n 3 -- run --model "$M" --prompt-ids 1,2,3 -n 2 --device cuda
+if [ "$RC" -eq 0 ]; then
+  out_has "sequence 0:"
+  pass "--device cuda ran on the GPU"
+else
+  [ "$RC" -eq 15 ] || fail "--device cuda without a GPU: exit $RC, expected 15"
+  grep -qE "no CUDA device is visible|this build has no CUDA" "$T/err" || fail "--device cuda: no clear message"
+  pass "--device cuda without a GPU: every rank refuses with exit 15"
+fi
 
 step "bad trace"
 printf '{"format":"colibri-routing","version":1,"num_layers":2,"num_experts":8,"top_k":2}\n{"step":0,"layer":0,"seq":0,"pos":0,"experts":[0,7],"weights":[0.5,0.5]}\n{"step":0,"layer":1,"seq":0,"pos":0,"experts":[0,7],"weights":[0.5,0.5]}\n' >"$T/eight.jsonl"

@@ -20,6 +20,10 @@ struct ExpertStoreOptions {
   int64_t budget_experts = 0;   // or a number of experts
   double decay = 0.9;           // hybrid policy
   std::vector<uint64_t> pinned; // pinned policy: keys (layer * experts + expert)
+  // Where the worker computes its experts: -1 the CPU (this store); >= 0 that
+  // CUDA GPU, every owned expert resident in its memory (worker/gpu_experts.h;
+  // no GPU fast tier yet, so no budget).
+  int device = -1;
 };
 
 class ExpertStore {

@@ -37,7 +37,19 @@ Worker::Worker(std::shared_ptr<const ColibriFile> file, const Placement& placeme
   up_.resize(static_cast<size_t>(max_rows * inter_));
   seg_begin_.resize(static_cast<size_t>(world));
   cursor_.resize(static_cast<size_t>(world));
+  runs_.reserve(static_cast<size_t>(world));
+  if (store.device >= 0) {
+    if (store.budget_bytes || store.budget_experts)
+      throw Error(Status::InvalidArgument, "rank " + std::to_string(rank) +
+                                               ": --device cuda keeps every owned expert in GPU memory; a GPU fast tier "
+                                               "(--expert-cache-bytes/--expert-cache-experts) is not implemented yet");
+    gpu_ = make_gpu_experts(file_, spec_, owned_keys(placement, rank), max_rows, store.device, rank);
+  }
 }
+
+CacheStats Worker::cache_stats() const { return gpu_ ? gpu_->stats() : store_.stats(); }
+const char* Worker::cache_policy() const { return gpu_ ? "gpu" : store_.policy(); }
+size_t Worker::cache_slots() const { return gpu_ ? 0 : store_.slots(); }
 
 void Worker::compute(int layer, const uint32_t* counts, const float* in, float* out) {
   // Row offsets: source s's block starts after all rows of sources < s; inside
@@ -65,43 +77,46 @@ void Worker::compute(int layer, const uint32_t* counts, const float* in, float* 
   std::vector<int64_t>& cursor = cursor_;
   cursor.assign(src_base.begin(), src_base.end());  // capacity reserved: no allocation
   const size_t row_bytes = static_cast<size_t>(hidden_) * sizeof(float);
+  if (gpu_) gpu_->begin(in, total);
   for (int64_t e = 0; e < experts_; ++e) {
-    int64_t n = 0, sources = 0, only = -1;
+    // This expert's rows: one run per source that sent it any.
+    runs_.clear();
+    int64_t n = 0;
     for (int s = 0; s < world_; ++s) {
-      uint32_t c = counts[s * experts_ + e];
-      if (c) {
-        n += c;
-        ++sources;
-        only = s;
-      }
+      const uint32_t c = counts[s * experts_ + e];
+      if (!c) continue;
+      runs_.push_back({cursor[static_cast<size_t>(s)], c});
+      cursor[static_cast<size_t>(s)] += c;
+      n += c;
     }
     if (n == 0) continue;
     if (!placement_.owns(rank_, layer, static_cast<int>(e)))
       throw Error(Status::Internal, "rank " + std::to_string(rank_) + " was sent rows for expert " + std::to_string(e) +
                                         " of layer " + std::to_string(layer) + ", which it does not own");
+    if (gpu_) {
+      gpu_->run(layer, static_cast<int>(e), runs_);
+      continue;
+    }
     const ExpertView& ev = store_.get(layer, static_cast<int>(e), tick_);
-    if (sources == 1) {
+    if (runs_.size() == 1) {
       // NOTE: rows of one source are contiguous: compute in place, no gather.
-      int64_t at = cursor[static_cast<size_t>(only)];
+      const int64_t at = runs_[0].first;
       expert_ffn(ev, spec_, in + at * hidden_, n, out + at * hidden_, gate_.data(), up_.data());
-      cursor[static_cast<size_t>(only)] += n;
       continue;
     }
     int64_t g = 0;
-    for (int s = 0; s < world_; ++s) {
-      uint32_t c = counts[s * experts_ + e];
-      std::memcpy(xg_.data() + g * hidden_, in + cursor[static_cast<size_t>(s)] * hidden_, c * row_bytes);
+    for (const auto& [at, c] : runs_) {
+      std::memcpy(xg_.data() + g * hidden_, in + at * hidden_, static_cast<size_t>(c) * row_bytes);
       g += c;
     }
     expert_ffn(ev, spec_, xg_.data(), n, yg_.data(), gate_.data(), up_.data());
     g = 0;
-    for (int s = 0; s < world_; ++s) {
-      uint32_t c = counts[s * experts_ + e];
-      std::memcpy(out + cursor[static_cast<size_t>(s)] * hidden_, yg_.data() + g * hidden_, c * row_bytes);
-      cursor[static_cast<size_t>(s)] += c;
+    for (const auto& [at, c] : runs_) {
+      std::memcpy(out + at * hidden_, yg_.data() + g * hidden_, static_cast<size_t>(c) * row_bytes);
       g += c;
     }
   }
+  if (gpu_) gpu_->end(out, total);
 }
 
 }  // namespace colibri

@@ -10,6 +10,7 @@
 #include "model/colibri_file.h"
 #include "worker/expert_ffn.h"
 #include "worker/expert_store.h"
+#include "worker/gpu_experts.h"
 
 namespace colibri {
 
@@ -25,6 +26,11 @@ class Worker {
 
   ExpertStore& store() { return store_; }
   int rank() const { return rank_; }
+  // The expert tier this worker computes from: the store's figures on the CPU;
+  // on a GPU, every owned expert loaded once (misses) and resident (hits).
+  CacheStats cache_stats() const;
+  const char* cache_policy() const;
+  size_t cache_slots() const;
 
  private:
   std::shared_ptr<const ColibriFile> file_;
@@ -34,6 +40,8 @@ class Worker {
   FfnSpec spec_;
   uint64_t tick_ = 0;  // the cache's logical clock: one tick per layer served
   ExpertStore store_;
+  std::unique_ptr<GpuExperts> gpu_;                    // with ExpertStoreOptions::device >= 0
+  std::vector<std::pair<int64_t, int64_t>> runs_;       // one expert's (first row, count) per source
   std::vector<uint64_t> batch_keys_;  // experts with rows in the current layer
   // Scratch sized once: gathered rows of one expert and its intermediates.
   std::vector<float> xg_, yg_, gate_, up_;
