@@ -14,7 +14,9 @@
 //   same bf16 values, several shapes (1..512 rows); error <= 1e-3 of sum |x w| + 1e-6.
 // - FfnRunner: SiLU, and gpt-oss's clamped SwiGLU with all three biases, against a
 //   double-precision CPU FFN of the same bf16 weights (x and h rounded to bf16 as
-//   the GPU does, so the bound is f32-accumulation tight: 2e-3 of max |y| + 1e-5).
+//   the GPU does, so the bound is f32-accumulation tight: 2e-3 of max |y| + 1e-5);
+//   once more with x and y one row into their buffers and hidden 200 (not 256-byte
+//   aligned, as a worker's rows inside its block are).
 // - to_bf16 rounds to nearest even exactly as the CPU (model/dtype.h) does.
 // - Bad calls throw colibri::Error(InvalidArgument): rows over the runner's size,
 //   a null pointer; a DeviceBuffer copy past its end.
@@ -183,9 +185,11 @@ const void* x_dummy() {
   return v.data();
 }
 
-void check_ffn(std::mt19937_64& rng, bool oai) {
+// offset: the rows start this many rows into their buffers (x and y then need
+// not be 256-byte aligned: hidden 200 puts them 800 bytes in).
+void check_ffn(std::mt19937_64& rng, bool oai, int64_t hidden = 256, int64_t inter = 384, int64_t offset = 0) {
   FfnShape s;
-  s.hidden = 256, s.inter = 384, s.oai = oai;
+  s.hidden = hidden, s.inter = inter, s.oai = oai;
   const PackedFfnLayout l = PackedFfnLayout::of(s, oai);
   const int64_t H = s.hidden, I = s.inter;
   const auto gate_up = random_bf16(rng, static_cast<size_t>(2 * I * H), 2.0f / std::sqrt(static_cast<float>(H)));
@@ -209,11 +213,13 @@ void check_ffn(std::mt19937_64& rng, bool oai) {
   for (int64_t rows : {1, 3, 16, 64}) {
     std::vector<float> x(static_cast<size_t>(rows * H));
     for (auto& v : x) v = d(rng) * 2.0f;
-    DeviceBuffer dx = upload(x), dy = nan_buffer(static_cast<size_t>(rows * H));
-    runner.run(w, dx.as<float>(), rows, dy.as<float>());
+    std::vector<float> xo(static_cast<size_t>(offset * H), 0.0f);
+    xo.insert(xo.end(), x.begin(), x.end());
+    DeviceBuffer dx = upload(xo), dy = nan_buffer(static_cast<size_t>((rows + offset) * H));
+    runner.run(w, dx.as<float>() + offset * H, rows, dy.as<float>() + offset * H);
     synchronize();
     std::vector<float> y(static_cast<size_t>(rows * H));
-    dy.download(y.data(), y.size() * 4);
+    dy.download(y.data(), y.size() * 4, static_cast<size_t>(offset * H) * 4);
     const auto ref = cpu_ffn(s, gate_up, down, oai ? &biases : nullptr, x, rows);
     double peak = 0, worst = 0;
     for (double v : ref) peak = std::max(peak, std::fabs(v));
@@ -223,8 +229,9 @@ void check_ffn(std::mt19937_64& rng, bool oai) {
       if (!(err <= 2e-3 * peak + 1e-5)) ++bad;
       worst = std::max(worst, err);
     }
-    CHECK(bad == 0, "FFN (%s) rows %lld: %zu of %zu elements off (worst %.3g, max |y| %.3g)", oai ? "oai" : "silu",
-          (long long)rows, bad, y.size(), worst, peak);
+    CHECK(bad == 0, "FFN (%s, hidden %lld, inter %lld, offset %lld rows) rows %lld: %zu of %zu elements off (worst %.3g, "
+          "max |y| %.3g)", oai ? "oai" : "silu", (long long)H, (long long)I, (long long)offset, (long long)rows, bad,
+          y.size(), worst, peak);
   }
   CHECK(throws_invalid([&] { runner.run(w, nullptr, 65, nullptr); }), "FfnRunner accepted 65 rows (sized for 64)");
   DeviceBuffer dx(static_cast<size_t>(H) * 4), dy(static_cast<size_t>(H) * 4);
@@ -336,6 +343,7 @@ int main(int argc, char** argv) {
     check_gemm(rng);
     check_ffn(rng, false);
     check_ffn(rng, true);
+    check_ffn(rng, false, 200, 136, 1);  // rows inside a block: x, y 800 bytes past 256-byte alignment
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;

@@ -29,7 +29,7 @@ class CudaExperts final : public GpuExperts {
       throw Error(Status::InvalidArgument, "rank " + std::to_string(rank) + ": GPU " + std::to_string(device) +
                                                " does not exist (" + std::to_string(n) + " visible)");
     COLIBRI_CUDA_CHECK(cudaSetDevice(device));
-    COLIBRI_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    COLIBRI_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.s, cudaStreamNonBlocking));
     bool biases = false;
     for (uint64_t k : owned) {
       const ExpertView& v = file_->expert(static_cast<int>(k / experts_), static_cast<int>(k % experts_));
@@ -39,8 +39,11 @@ class CudaExperts final : public GpuExperts {
     layout_ = cuda::PackedFfnLayout::of(cuda::shape_of(spec_), biases);
     size_t free_b = 0, total_b = 0;
     COLIBRI_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    const size_t need = layout_.bytes * owned.size() + static_cast<size_t>(max_rows) * 4 *
-                                                           static_cast<size_t>(2 * spec_.hidden + 3 * spec_.inter);
+    // Experts, then per row: in/out/gather/scatter f32 (16 H), x as bf16 (2 H), gate|up f32 (8 I),
+    // h bf16 (2 I); the GEMM workspace; 10% headroom.
+    const size_t R = static_cast<size_t>(max_rows), H = static_cast<size_t>(spec_.hidden),
+                 I = static_cast<size_t>(spec_.inter);
+    const size_t need = (layout_.bytes * owned.size() + R * (18 * H + 10 * I) + (size_t{32} << 20)) / 10 * 11;
     if (need > free_b)
       throw Error(Status::OutOfMemory, "rank " + std::to_string(rank) + ": its " + std::to_string(owned.size()) +
                                            " experts need " + std::to_string(need >> 20) + " MiB on GPU " +
@@ -59,25 +62,28 @@ class CudaExperts final : public GpuExperts {
       stats_.misses += 1;
       stats_.bytes_loaded += layout_.bytes;
     }
+    // NOTE: the uploads ran on the legacy stream; the compute stream does not wait for it.
+    COLIBRI_CUDA_CHECK(cudaDeviceSynchronize());
     in_ = cuda::DeviceBuffer(static_cast<size_t>(max_rows * spec_.hidden) * 4);
     out_ = cuda::DeviceBuffer(static_cast<size_t>(max_rows * spec_.hidden) * 4);
     xg_ = cuda::DeviceBuffer(static_cast<size_t>(max_rows * spec_.hidden) * 4);
     yg_ = cuda::DeviceBuffer(static_cast<size_t>(max_rows * spec_.hidden) * 4);
-    runner_ = std::make_unique<cuda::FfnRunner>(cuda::shape_of(spec_), max_rows, stream_);
+    runner_ = std::make_unique<cuda::FfnRunner>(cuda::shape_of(spec_), max_rows, stream_.s);
   }
   ~CudaExperts() override {
+    cudaSetDevice(device_);
     runner_.reset();
-    if (stream_) cudaStreamDestroy(stream_);
   }
 
   void begin(const float* in, int64_t rows) override {
     COLIBRI_CUDA_CHECK(cudaSetDevice(device_));
     if (rows > 0)
       COLIBRI_CUDA_CHECK(cudaMemcpyAsync(in_.get(), in, static_cast<size_t>(rows * spec_.hidden) * 4,
-                                         cudaMemcpyHostToDevice, stream_));
+                                         cudaMemcpyHostToDevice, stream_.s));
   }
 
   void run(int layer, int expert, const std::vector<std::pair<int64_t, int64_t>>& runs) override {
+    COLIBRI_CUDA_CHECK(cudaSetDevice(device_));
     const int32_t slot = slot_of_[static_cast<size_t>(layer) * experts_ + expert];
     if (slot < 0)
       throw Error(Status::Internal, "GPU " + std::to_string(device_) + " holds no expert " + std::to_string(expert) +
@@ -94,23 +100,24 @@ class CudaExperts final : public GpuExperts {
     int64_t g = 0;
     for (const auto& [at, n] : runs) {
       COLIBRI_CUDA_CHECK(cudaMemcpyAsync(xg_.as<float>() + g * spec_.hidden, in_.as<float>() + at * spec_.hidden,
-                                         static_cast<size_t>(n) * row, cudaMemcpyDeviceToDevice, stream_));
+                                         static_cast<size_t>(n) * row, cudaMemcpyDeviceToDevice, stream_.s));
       g += n;
     }
     runner_->run(w, xg_.as<float>(), g, yg_.as<float>());
     g = 0;
     for (const auto& [at, n] : runs) {
       COLIBRI_CUDA_CHECK(cudaMemcpyAsync(out_.as<float>() + at * spec_.hidden, yg_.as<float>() + g * spec_.hidden,
-                                         static_cast<size_t>(n) * row, cudaMemcpyDeviceToDevice, stream_));
+                                         static_cast<size_t>(n) * row, cudaMemcpyDeviceToDevice, stream_.s));
       g += n;
     }
   }
 
   void end(float* out, int64_t rows) override {
+    COLIBRI_CUDA_CHECK(cudaSetDevice(device_));
     if (rows > 0)
       COLIBRI_CUDA_CHECK(cudaMemcpyAsync(out, out_.get(), static_cast<size_t>(rows * spec_.hidden) * 4,
-                                         cudaMemcpyDeviceToHost, stream_));
-    cuda::synchronize(stream_);
+                                         cudaMemcpyDeviceToHost, stream_.s));
+    cuda::synchronize(stream_.s);
   }
 
   CacheStats stats() const override { return stats_; }
@@ -121,7 +128,13 @@ class CudaExperts final : public GpuExperts {
   FfnSpec spec_;
   int device_;
   int64_t experts_;
-  cudaStream_t stream_ = nullptr;
+  struct Stream {  // destroyed last, also when the constructor throws
+    cudaStream_t s = nullptr;
+    ~Stream() {
+      if (s) cudaStreamDestroy(s);
+    }
+  };
+  Stream stream_;
   cuda::PackedFfnLayout layout_;
   cuda::DeviceBuffer weights_, in_, out_, xg_, yg_;
   std::vector<int32_t> slot_of_;  // [key] -> slot in weights_ or -1

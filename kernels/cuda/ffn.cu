@@ -126,12 +126,16 @@ struct Gemm::Impl {
   cublasLtMatmulPreference_t pref = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  // Per shape (out, in, rows): the layouts and the heuristic's algorithm.
+  // Per shape (out, in, rows) and pointer alignments (w, x, y): the layouts and
+  // the heuristic's algorithm. NOTE: the heuristic assumes 256-byte aligned
+  // pointers unless told otherwise, and rows inside a block (x + at * hidden)
+  // need not be; an algorithm chosen for aligned data may refuse them.
   struct Plan {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  std::map<std::tuple<int64_t, int64_t, int64_t>, Plan> plans;
+  using Key = std::tuple<int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>;
+  std::map<Key, Plan> plans;
 
   ~Impl() {
     for (auto& [k, p] : plans) {
@@ -145,18 +149,33 @@ struct Gemm::Impl {
     if (workspace) cudaFree(workspace);
   }
 
-  const Plan& plan(int64_t out, int64_t in, int64_t rows) {
-    const auto key = std::make_tuple(out, in, rows);
+  const Plan& plan(int64_t out, int64_t in, int64_t rows, uint32_t aw, uint32_t ax, uint32_t ay) {
+    const Key key{out, in, rows, aw, ax, ay};
     auto it = plans.find(key);
     if (it != plans.end()) return it->second;
     // Column-major view: D[out x rows] = op(A)[out x in] . B[in x rows], where A is
     // the row-major weight [out][in] seen as [in x out] (transposed by the op), B
     // the row-major activations [rows][in] seen as [in x rows], and D the row-major
     // output [rows][out] seen as [out x rows].
-    Plan p;
+    struct Guard {  // destroys the layouts made so far if a later call throws
+      Plan p;
+      bool keep = false;
+      ~Guard() {
+        if (keep) return;
+        if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+        if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+        if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+      }
+    } g;
+    Plan& p = g.p;
     COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, in, out, in));
     COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, in, rows, in));
     COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, out, rows, out));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aw}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, ax},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ay}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ay}};
+    for (const auto& [attr, v] : aligns)
+      COLIBRI_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof v));
     cublasLtMatmulHeuristicResult_t r{};
     int found = 0;
     COLIBRI_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, p.a, p.b, p.c, p.c, pref, 1, &r, &found));
@@ -164,7 +183,16 @@ struct Gemm::Impl {
       throw Error(Status::Unsupported, "cuBLASLt has no algorithm for a bf16 GEMM of " + std::to_string(rows) + " x " +
                                            std::to_string(in) + " by " + std::to_string(out) + " x " + std::to_string(in));
     p.algo = r.algo;
+    g.keep = true;
     return plans.emplace(key, p).first->second;
+  }
+
+  // The largest power of two up to 256 that divides the address.
+  static uint32_t alignment(const void* ptr) {
+    const uintptr_t v = reinterpret_cast<uintptr_t>(ptr);
+    uint32_t a = 256;
+    while (a > 1 && v % a) a >>= 1;
+    return a;
   }
 };
 
@@ -188,7 +216,7 @@ void Gemm::run(const uint16_t* w, int64_t out, int64_t in, const uint16_t* x, in
   if (out < 1 || in < 1 || rows < 0) throw Error(Status::InvalidArgument, "GEMM shape must be positive");
   if (rows == 0) return;
   if (!w || !x || !y) throw Error(Status::InvalidArgument, "GEMM: null device pointer");
-  const auto& p = impl_->plan(out, in, rows);
+  const auto& p = impl_->plan(out, in, rows, Impl::alignment(w), Impl::alignment(x), Impl::alignment(y));
   const float alpha = 1.0f, beta = 0.0f;
   COLIBRI_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, impl_->op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
                                       &p.algo, impl_->workspace, impl_->workspace_bytes, impl_->stream));
