@@ -151,6 +151,11 @@ ModelConfig ModelConfig::from_hf(const json& hf) {
   c.vocab_size = get_required<int64_t>(hf, "vocab_size", what);
   c.hidden_size = get_required<int64_t>(hf, "hidden_size", what);
   c.num_layers = get_required<int64_t>(hf, "num_hidden_layers", what);
+  // NOTE: checked now, not only in validate(): the layer pattern below loops over the
+  // layers (a hostile 6e17 would spin for hours; the fuzzer found it).
+  if (c.num_layers < 1 || c.num_layers > 4096)
+    throw Error(Status::Format, "config.json: field 'num_hidden_layers' = " + std::to_string(c.num_layers) +
+                                    " is outside [1, 4096]");
   c.num_heads = get_required<int64_t>(hf, "num_attention_heads", what);
   c.num_kv_heads = get_or<int64_t>(hf, "num_key_value_heads", c.num_heads, what);
   c.head_dim = get_or<int64_t>(hf, "head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0, what);

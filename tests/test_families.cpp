@@ -269,6 +269,13 @@ TEST(Families, PublishedConfigsParse) {
     EXPECT_NEAR(c.attn_scale, m * m / std::sqrt(192.0), 1e-12);
     j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}};
     expect_error([&] { ModelConfig::from_hf(j); }, Status::Unsupported, {"quantization_config.quant_method", "fp8"});
+    // A layer count far past any model is refused at once (found by fuzz_config_json:
+    // 666666666666666664 layers made the layer-pattern loop spin), so is a negative one.
+    j.erase("quantization_config");
+    for (int64_t n : {int64_t{666666666666666664}, int64_t{4097}, int64_t{0}, int64_t{-3}}) {
+      j["num_hidden_layers"] = n;
+      expect_error([&] { ModelConfig::from_hf(j); }, Status::Format, {"num_hidden_layers", "[1, 4096]"});
+    }
   }
   {
     SCOPED_TRACE("DeepSeek-V2-Lite");
