@@ -17,7 +17,6 @@ DispatchStats& DispatchStats::operator+=(const DispatchStats& o) {
   rows_remote += o.rows_remote;
   rows_served += o.rows_served;
   layers += o.layers;
-  token_layers += o.token_layers;
   token_ranks_remote += o.token_ranks_remote;
   distinct_experts += o.distinct_experts;
   return *this;
@@ -29,7 +28,6 @@ DispatchStats DispatchStats::minus(const DispatchStats& b) const {
   d.rows_remote = rows_remote - b.rows_remote;
   d.rows_served = rows_served - b.rows_served;
   d.layers = layers - b.layers;
-  d.token_layers = token_layers - b.token_layers;
   d.token_ranks_remote = token_ranks_remote - b.token_ranks_remote;
   d.distinct_experts = distinct_experts - b.distinct_experts;
   return d;
@@ -47,7 +45,6 @@ LayerBalance LayerBalance::minus(const LayerBalance& before) const {
     d.balancedness_sum[l] -= before.balancedness_sum[l];
     d.passes[l] -= before.passes[l];
   }
-  for (size_t i = 0; i < d.rank_rows.size() && i < before.rank_rows.size(); ++i) d.rank_rows[i] -= before.rank_rows[i];
   return d;
 }
 
@@ -90,20 +87,10 @@ MoeDispatcher::MoeDispatcher(const ModelConfig& cfg, const Placement& placement,
     recv_.resize(rows);
     result_.resize(rows);
   }
-  const int L = placement_.num_layers();
-  hosts_.resize(static_cast<size_t>(L));
-  for (int l = 0; l < L; ++l)
-    for (int r = 0; r < world_; ++r)
-      for (int64_t e = 0; e < experts_; ++e)
-        if (placement_.owns(r, l, static_cast<int>(e))) {
-          hosts_[static_cast<size_t>(l)].push_back(r);
-          break;
-        }
+  hosts_ = host_ranks(world_, placement_.coordinator_hosts_experts());
   for (auto& b : balance_) {
-    b.world = world_;
-    b.balancedness_sum.assign(static_cast<size_t>(L), 0.0);
-    b.passes.assign(static_cast<size_t>(L), 0);
-    b.rank_rows.assign(static_cast<size_t>(L) * static_cast<size_t>(world_), 0);
+    b.balancedness_sum.assign(static_cast<size_t>(placement_.num_layers()), 0.0);
+    b.passes.assign(static_cast<size_t>(placement_.num_layers()), 0);
   }
 }
 
@@ -129,7 +116,6 @@ void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32
       ++send_counts_[static_cast<size_t>(r * E + e)];
     }
   DispatchStats& st = stats_[static_cast<int>(clock_.phase())];
-  st.token_layers += static_cast<uint64_t>(rows);
   std::fill(chosen_.begin(), chosen_.end(), uint8_t{0});
   for (int64_t i = 0; i < rows * k_; ++i) chosen_[static_cast<size_t>(experts[i])] = 1;
   for (uint8_t c : chosen_) st.distinct_experts += c;
@@ -144,20 +130,8 @@ void MoeDispatcher::forward(int layer, const float* x, int64_t rows, const int32
   }
   if (rows > 0) {
     LayerBalance& lb = balance_[static_cast<int>(clock_.phase())];
-    const auto& hosts = hosts_[static_cast<size_t>(layer)];
-    int64_t sum = 0, mx = 0;
-    for (int h : hosts) {
-      const int64_t n = rank_rows_[static_cast<size_t>(h)];
-      sum += n;
-      mx = std::max(mx, n);
-    }
-    if (mx > 0 && !hosts.empty()) {
-      lb.balancedness_sum[static_cast<size_t>(layer)] +=
-          static_cast<double>(sum) / static_cast<double>(hosts.size()) / static_cast<double>(mx);
-      ++lb.passes[static_cast<size_t>(layer)];
-    }
-    for (int64_t r = 0; r < W; ++r)
-      lb.rank_rows[static_cast<size_t>(layer * W + r)] += static_cast<uint64_t>(rank_rows_[static_cast<size_t>(r)]);
+    lb.balancedness_sum[static_cast<size_t>(layer)] += host_balancedness(hosts_, rank_rows_);
+    ++lb.passes[static_cast<size_t>(layer)];
   }
   // Send layout: rank-major, expert ascending, rows in token order.
   int64_t off = 0;

@@ -20,7 +20,6 @@ struct DispatchStats {
   uint64_t rows_remote = 0;    // of which to other ranks
   uint64_t rows_served = 0;    // rows this rank's worker computed
   uint64_t layers = 0;
-  uint64_t token_layers = 0;   // tokens dispatched, summed over MoE layers
   // Distinct (token, other rank) pairs per layer: the rows the routing needs
   // to move each way at the least (a token sent once to each rank that serves
   // any of its experts there, its results reduced there before returning).
@@ -32,15 +31,12 @@ struct DispatchStats {
 };
 
 // Load balance of the MoE layers, on the rank that plans the dispatch (rank 0).
-// Balancedness of one layer in one forward pass: mean / max of the (token,
-// expert) rows over the ranks that host experts of that layer (1 = perfect,
-// 1/ranks = all on one), as SGLang and vLLM report it; passes with no rows are
-// not counted.
+// Balancedness of one layer in one forward pass: host_balancedness (placement.h)
+// of the (token, expert) rows over the placement's host ranks, as `colibri place`
+// predicts it and `colibri simulate` projects it; passes with no rows are not counted.
 struct LayerBalance {
-  int world = 0;
   std::vector<double> balancedness_sum;  // [layer] sum over passes
   std::vector<uint64_t> passes;          // [layer] passes counted
-  std::vector<uint64_t> rank_rows;       // [layer][world] rows over all passes
 
   double mean(int layer) const;  // NaN when no pass was counted
   LayerBalance minus(const LayerBalance& before) const;
@@ -88,7 +84,7 @@ class MoeDispatcher {
   std::vector<uint8_t> chosen_;                      // [experts] chosen in this layer
   std::vector<uint64_t> sb_, so_, rb_, ro_;          // bytes and offsets per rank
   std::vector<float> send_, recv_, result_, back_;   // rows: [max_rows * k][hidden]
-  std::vector<std::vector<int32_t>> hosts_;          // [layer] ranks owning experts of it
+  std::vector<int> hosts_;                           // the placement's host ranks
   StageClock& clock_;
   bool stage_sync_ = false;
   DispatchStats stats_[kNumPhases];

@@ -79,6 +79,19 @@ class Placement {
 // experts or N == 1.
 std::vector<int> host_ranks(int world_size, bool coordinator_hosts_experts);
 
+// Balancedness of one layer: mean / max of load[r] over the host ranks (1 = even,
+// 1/hosts = all on one), as SGLang and vLLM report it; 1 when every load is 0.
+template <class PerRank>
+double host_balancedness(const std::vector<int>& hosts, const PerRank& load) {
+  double sum = 0, mx = 0;
+  for (int h : hosts) {
+    const double v = static_cast<double>(load[static_cast<size_t>(h)]);
+    sum += v;
+    mx = v > mx ? v : mx;
+  }
+  return mx > 0 ? sum / static_cast<double>(hosts.size()) / mx : 1.0;
+}
+
 // The policies of `colibri place`, in the order it compares them.
 const std::vector<std::string>& placement_policies();
 

@@ -563,26 +563,20 @@ ExpertStats load_expert_stats(const std::string& path) {
 
 RoutingReplay::RoutingReplay(const RoutingTrace& t) : source_(t.source) {
   if (t.records.empty()) throw Error(Status::InvalidArgument, "routing trace " + t.source + " holds no rows to replay");
+  // NOTE: read_routing_trace already checked each row (ids in range and distinct,
+  // weights finite, as many as experts, layers in range); a replay also needs
+  // one width (an imported trace may mix them).
   k_ = static_cast<int>(t.records.front().experts.size());
   num_experts_ = t.num_experts;
   experts_.resize(static_cast<size_t>(t.num_layers));
   weights_.resize(static_cast<size_t>(t.num_layers));
   for (const RoutingRecord& r : t.records) {
-    const std::string where = "routing trace " + t.source + ", step " + std::to_string(r.step) + " layer " +
-                              std::to_string(r.layer) + " token (" + std::to_string(r.seq) + ", " + std::to_string(r.pos) + ")";
-    if (static_cast<int>(r.experts.size()) != k_ || r.weights.size() != r.experts.size())
-      throw Error(Status::InvalidArgument, where + ": " + std::to_string(r.experts.size()) + " experts, the first row has " +
-                                               std::to_string(k_) + " (a replay needs one top-k)");
-    if (r.layer < 0 || r.layer >= t.num_layers)
-      throw Error(Status::InvalidArgument, where + ": layer out of range");
-    for (int j = 0; j < k_; ++j) {
-      if (r.experts[static_cast<size_t>(j)] < 0 || r.experts[static_cast<size_t>(j)] >= num_experts_)
-        throw Error(Status::InvalidArgument, where + ": expert " + std::to_string(r.experts[static_cast<size_t>(j)]) + " out of range");
-      if (!std::isfinite(r.weights[static_cast<size_t>(j)])) throw Error(Status::InvalidArgument, where + ": non-finite weight");
-      for (int i = 0; i < j; ++i)
-        if (r.experts[static_cast<size_t>(i)] == r.experts[static_cast<size_t>(j)])
-          throw Error(Status::InvalidArgument, where + ": expert " + std::to_string(r.experts[static_cast<size_t>(j)]) + " twice");
-    }
+    if (static_cast<int>(r.experts.size()) != k_)
+      throw Error(Status::InvalidArgument, "routing trace " + t.source + ", step " + std::to_string(r.step) + " layer " +
+                                               std::to_string(r.layer) + " token (" + std::to_string(r.seq) + ", " +
+                                               std::to_string(r.pos) + "): " + std::to_string(r.experts.size()) +
+                                               " experts, the first row has " + std::to_string(k_) +
+                                               " (a replay needs one top-k)");
     auto& e = experts_[static_cast<size_t>(r.layer)];
     auto& w = weights_[static_cast<size_t>(r.layer)];
     e.insert(e.end(), r.experts.begin(), r.experts.end());

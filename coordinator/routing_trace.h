@@ -87,8 +87,8 @@ struct ModelConfig;
 // by those rows between layers after a wrap.
 class RoutingReplay {
  public:
-  // Throws Error(InvalidArgument) for an empty trace, rows of differing width,
-  // a repeated expert in a row or a non-finite weight.
+  // `trace` as read_routing_trace returns it (rows already checked). Throws
+  // Error(InvalidArgument) for an empty trace or rows of differing width.
   explicit RoutingReplay(const RoutingTrace& trace);
   // Throws Error(InvalidArgument) naming what differs when the trace does not
   // fit the model: other expert count or top-k, fewer layers, a layer without rows.

@@ -311,14 +311,7 @@ LayerTraffic layer_traffic(const Placement& p, int layer, const StepRouting& r, 
   return t;
 }
 
-double balancedness(const LayerTraffic& t, const std::vector<int>& hosts) {
-  double sum = 0, mx = 0;
-  for (int h : hosts) {
-    sum += static_cast<double>(t.rows[h]);
-    mx = std::max(mx, static_cast<double>(t.rows[h]));
-  }
-  return mx > 0 ? sum / hosts.size() / mx : 1.0;
-}
+double balancedness(const LayerTraffic& t, const std::vector<int>& hosts) { return host_balancedness(hosts, t.rows); }
 
 std::vector<double> exchange_seconds(const ClusterSpec& c, const LayerTraffic& t, double bytes_per_row, bool reverse) {
   const int W = t.world;

@@ -183,7 +183,6 @@ struct ModelBytes {
   double routed = 0;           // routed expert blocks touched per step (mean over decode steps)
   double distinct_per_layer = 0;  // distinct experts per MoE layer per step (mean)
   std::string routed_source;      // how `routed` was obtained
-  int64_t decode_steps_traced = 0;
   double kv = 0;  // KV cache bytes attended per step (mean), not part of the weights
   int64_t batch = 1;
   double weights_per_step() const { return static_cast<double>(dense + lm_head + embedding_row * batch) + routed; }
@@ -259,16 +258,17 @@ struct RepResult {
   double prefill_gemm_flops = 0, prefill_gemm_seconds = 0, prefill_gemm_gflops = 0;
 };
 
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
 // Nearest-rank percentile of v (sorted ascending); NaN when empty.
 double percentile(const std::vector<double>& v, double p) {
-  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  if (v.empty()) return kNaN;
   const size_t i = static_cast<size_t>(std::max(0.0, std::ceil(p / 100.0 * static_cast<double>(v.size())) - 1.0));
   return v[std::min(i, v.size() - 1)];
 }
 
 // The expert-parallel figures of the timed repetitions (any world size).
 struct ClusterFigures {
-  int world = 1;
   std::vector<double> step_ms;  // every decode step of every timed rep, sorted
   double p50 = 0, p90 = 0, p99 = 0, mean = 0;
   uint64_t decode_steps = 0, decode_tokens = 0;
@@ -281,8 +281,6 @@ struct ClusterFigures {
   double hit_rate_all = 0;
   double rss_max_mib = 0;
 };
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
@@ -523,7 +521,6 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
 
   // The cluster figures of the timed window.
   ClusterFigures cf;
-  cf.world = world;
   double cpu_others = 0;  // the workers' CPU time: part of the benchmark, not noise
   for (size_t i = 0; i < after.size(); ++i) {
     cf.ranks.push_back(after[i].minus(before[i]));
@@ -579,7 +576,6 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
   const double steps_timed = static_cast<double>(std::max<uint64_t>(1, cf.decode_steps));
   bytes.distinct_per_layer = static_cast<double>(dd.distinct_experts) / steps_timed / static_cast<double>(std::max<int64_t>(1, M));
   bytes.routed = static_cast<double>(dd.distinct_experts) / steps_timed * mean_block;
-  bytes.decode_steps_traced = static_cast<int64_t>(cf.decode_steps);
   bytes.routed_source = "distinct experts per MoE layer per decode step, counted over the " +
                         std::to_string(cf.decode_steps) + " timed steps";
 
@@ -876,7 +872,7 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
                 "other rank serving it, and back; %.0f-byte f32 rows) = %.2fx the minimum\n",
                 human_bytes(cf.exchange_bytes_per_token).c_str(), human_bytes(cf.min_bytes_per_token).c_str(), row_bytes,
                 cf.min_bytes_per_token > 0 ? cf.exchange_bytes_per_token / cf.min_bytes_per_token : 0.0);
-  std::printf("balancedness per MoE layer (decode, mean/max rows over the hosting ranks, mean over steps):");
+  std::printf("balancedness per MoE layer (decode, mean/max rows over the host ranks, mean over steps):");
   for (double b : cf.balancedness) std::printf(" %.3f", b);
   std::printf("; mean %.3f\n", cf.balancedness_mean);
   std::printf("\n%-5s %-8s %7s %8s %9s %9s %9s %11s %9s\n", "rank", "policy", "experts", "slots", "hits", "misses",

@@ -833,12 +833,17 @@ void write_all(const std::string& p, const std::string& b) {
 using test::edit_config;
 using test::header_of;
 using test::reseal;
-void edit_expert(std::string& b, size_t i, const std::function<void(ExpertRecord&)>& f) {
-  const size_t pos = header_of(b).expert_index_offset + i * sizeof(ExpertRecord);
-  ExpertRecord r;
+// Record i of the table at `table` (a file offset) read, changed by f, written back.
+template <class Record>
+void edit_record(std::string& b, uint64_t table, size_t i, const std::function<void(Record&)>& f) {
+  const size_t pos = table + i * sizeof(Record);
+  Record r;
   std::memcpy(&r, b.data() + pos, sizeof r);
   f(r);
   std::memcpy(b.data() + pos, &r, sizeof r);
+}
+void edit_expert(std::string& b, size_t i, const std::function<void(ExpertRecord&)>& f) {
+  edit_record<ExpertRecord>(b, header_of(b).expert_index_offset, i, f);
 }
 }  // namespace
 
@@ -936,11 +941,7 @@ void write_dense_dequantised(const std::string& in, const std::string& out) {
 }
 
 void edit_tensor(std::string& b, size_t i, const std::function<void(TensorRecord&)>& f) {
-  const size_t pos = test::header_of(b).tensor_dir_offset + i * sizeof(TensorRecord);
-  TensorRecord r;
-  std::memcpy(&r, b.data() + pos, sizeof r);
-  f(r);
-  std::memcpy(b.data() + pos, &r, sizeof r);
+  edit_record<TensorRecord>(b, test::header_of(b).tensor_dir_offset, i, f);
 }
 
 }  // namespace

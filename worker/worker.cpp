@@ -16,6 +16,16 @@ std::vector<uint64_t> owned_keys(const Placement& p, int rank) {
       if (p.owns(rank, l, e)) k.push_back(static_cast<uint64_t>(l) * p.num_experts() + e);
   return k;
 }
+
+// The store options, refused before any fast tier is allocated when they ask
+// for a GPU fast tier (not implemented: a GPU worker keeps every expert resident).
+const ExpertStoreOptions& checked(const ExpertStoreOptions& o, int rank) {
+  if (o.device >= 0 && (o.budget_bytes || o.budget_experts))
+    throw Error(Status::InvalidArgument, "rank " + std::to_string(rank) +
+                                             ": --device cuda keeps every owned expert in GPU memory; a GPU fast tier "
+                                             "(--expert-cache-bytes/--expert-cache-experts) is not implemented yet");
+  return o;
+}
 }  // namespace
 
 Worker::Worker(std::shared_ptr<const ColibriFile> file, const Placement& placement, int rank, int world,
@@ -29,22 +39,19 @@ Worker::Worker(std::shared_ptr<const ColibriFile> file, const Placement& placeme
       experts_(file_->config().num_experts),
       max_rows_(max_rows),
       spec_(FfnSpec::experts(file_->config())),
-      store_(file_, store, owned_keys(placement, rank)) {
+      store_(file_, checked(store, rank), owned_keys(placement, rank)) {
   batch_keys_.reserve(static_cast<size_t>(experts_));
-  xg_.resize(static_cast<size_t>(max_rows * hidden_));
-  yg_.resize(static_cast<size_t>(max_rows * hidden_));
-  gate_.resize(static_cast<size_t>(max_rows * inter_));
-  up_.resize(static_cast<size_t>(max_rows * inter_));
   seg_begin_.resize(static_cast<size_t>(world));
   cursor_.resize(static_cast<size_t>(world));
   runs_.reserve(static_cast<size_t>(world));
   if (store.device >= 0) {
-    if (store.budget_bytes || store.budget_experts)
-      throw Error(Status::InvalidArgument, "rank " + std::to_string(rank) +
-                                               ": --device cuda keeps every owned expert in GPU memory; a GPU fast tier "
-                                               "(--expert-cache-bytes/--expert-cache-experts) is not implemented yet");
     gpu_ = make_gpu_experts(file_, spec_, owned_keys(placement, rank), max_rows, store.device, rank);
+    return;  // the GPU holds its own scratch
   }
+  xg_.resize(static_cast<size_t>(max_rows * hidden_));
+  yg_.resize(static_cast<size_t>(max_rows * hidden_));
+  gate_.resize(static_cast<size_t>(max_rows * inter_));
+  up_.resize(static_cast<size_t>(max_rows * inter_));
 }
 
 CacheStats Worker::cache_stats() const { return gpu_ ? gpu_->stats() : store_.stats(); }
