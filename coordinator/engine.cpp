@@ -9,6 +9,8 @@
 #include <cstring>
 
 #include "coordinator/cluster.h"
+#include "coordinator/gpu_dense.h"
+#include "coordinator/layer_weights.h"
 #include "coordinator/router.h"
 #include "coordinator/routing_trace.h"
 #include "kernels/cpu/kernels.h"
@@ -17,22 +19,6 @@
 #include "worker/expert_ffn.h"
 
 namespace colibri {
-
-struct Engine::LayerWeights {
-  std::vector<float> attn_norm, ffn_norm;
-  int64_t window = 0;
-  // Grouped-query attention.
-  const TensorView *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
-  std::vector<float> bq, bk, bv, bo, q_norm, k_norm, sinks;
-  // Multi-head latent attention.
-  const TensorView *wq_a = nullptr, *wq_b = nullptr, *wkv_a = nullptr, *wk_b = nullptr, *wv_b = nullptr;
-  std::vector<float> q_a_norm, kv_a_norm;
-  // Feed-forward: a dense MLP, or routed experts (+ shared expert).
-  int moe = -1;  // index among the MoE layers, -1: dense
-  const TensorView* router = nullptr;
-  std::vector<float> router_bias, score_bias, shared_gate;
-  FfnWeights dense, shared;
-};
 
 namespace {
 
@@ -151,11 +137,13 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
   dispatch_ = std::make_unique<MoeDispatcher>(c, *placement_, comm_, worker_.get(), rows_cap_, clock_);
   dispatch_->set_stage_sync(stage_sync_);
   const bool mla = c.attention == "mla";
-  if (mla)
-    kv_ = std::make_unique<KVCache>(c.num_layers, max_batch_, max_ctx_, c.kv_lora_rank + c.qk_rope_head_dim, 0);
-  else
-    kv_ = std::make_unique<KVCache>(c.num_layers, max_batch_, max_ctx_, c.num_kv_heads * c.head_dim,
-                                    c.num_kv_heads * c.head_dim);
+  // NOTE: with the dense part on a GPU, the KV cache and the activations live
+  // there: the host keeps only the logits.
+  const bool on_gpu = opts.device >= 0;
+  if (!on_gpu)
+    kv_ = mla ? std::make_unique<KVCache>(c.num_layers, max_batch_, max_ctx_, c.kv_lora_rank + c.qk_rope_head_dim, 0)
+              : std::make_unique<KVCache>(c.num_layers, max_batch_, max_ctx_, c.num_kv_heads * c.head_dim,
+                                          c.num_kv_heads * c.head_dim);
 
   const ColibriFile& f = *file_;
   embd_ = &f.tensor(tname::token_embd());
@@ -216,25 +204,27 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
   const int64_t ATT = mla ? NH * c.v_head_dim : Q;
   auto sz = [](int64_t a, int64_t b) { return static_cast<size_t>(a * b); };
   try {
-    x_.resize(sz(R, H));
-    xn_.resize(sz(R, H));
-    tmp_.resize(sz(R, H));
-    moe_.resize(sz(R, H));
-    gathered_.resize(sz(R, H));
-    q_.resize(sz(R, Q));
-    att_.resize(sz(R, ATT));
-    k_.resize(sz(R, KV));
-    if (!mla) v_.resize(sz(R, KV));
-    router_.resize(sz(R, c.num_experts));
-    experts_.resize(sz(R, c.experts_per_token));
-    weights_.resize(sz(R, c.experts_per_token));
     logits_.resize(sz(R, c.vocab_size));
-    ffn_gate_.resize(sz(R, ffn_inter));
-    ffn_up_.resize(sz(R, ffn_inter));
-    if (mla) {
-      qa_.resize(sz(R, c.q_lora_rank));
-      lat_q_.resize(sz(R, NH * c.kv_lora_rank));
-      lat_o_.resize(sz(R, NH * c.kv_lora_rank));
+    if (!on_gpu) {
+      x_.resize(sz(R, H));
+      xn_.resize(sz(R, H));
+      tmp_.resize(sz(R, H));
+      moe_.resize(sz(R, H));
+      gathered_.resize(sz(R, H));
+      q_.resize(sz(R, Q));
+      att_.resize(sz(R, ATT));
+      k_.resize(sz(R, KV));
+      if (!mla) v_.resize(sz(R, KV));
+      router_.resize(sz(R, c.num_experts));
+      experts_.resize(sz(R, c.experts_per_token));
+      weights_.resize(sz(R, c.experts_per_token));
+      ffn_gate_.resize(sz(R, ffn_inter));
+      ffn_up_.resize(sz(R, ffn_inter));
+      if (mla) {
+        qa_.resize(sz(R, c.q_lora_rank));
+        lat_q_.resize(sz(R, NH * c.kv_lora_rank));
+        lat_o_.resize(sz(R, NH * c.kv_lora_rank));
+      }
     }
   } catch (const std::bad_alloc&) {
     throw Error(Status::OutOfMemory, "activation buffers for " + std::to_string(R) + " rows do not fit in memory");
@@ -257,10 +247,23 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
       rope_sin_[static_cast<size_t>(p * half + i)] = sn;
     }
   threads_ = omp_get_max_threads();
-  scores_.resize(sz(threads_, max_ctx_));
+  if (!on_gpu) scores_.resize(sz(threads_, max_ctx_));
+  if (on_gpu) {
+    GpuDenseOptions g;
+    g.device = opts.device;
+    g.rank = comm_.rank();
+    g.rows_cap = rows_cap_, g.max_batch = max_batch_, g.max_ctx = max_ctx_;
+    g.rope_cos = rope_cos_.data(), g.rope_sin = rope_sin_.data();
+    g.clock = &clock_;
+    g.sync_stages = stage_sync_;
+    gpu_ = make_gpu_dense(file_, layers_, final_norm_, g);
+  }
 }
 
 Engine::~Engine() = default;
+
+uint64_t Engine::kv_cache_bytes() const { return gpu_ ? gpu_->kv_cache_bytes() : kv_->bytes(); }
+int Engine::dense_device() const { return gpu_ ? gpu_->device() : -1; }
 
 void Engine::start_workers() {
   if (comm_.size() == 1 || workers_started_) return;
@@ -420,12 +423,7 @@ void Engine::feed_forward(int layer, int64_t n, const int32_t* seqs, const int32
   add_bias(router_.data(), n, E, w.router_bias);
   route(c.routing, router_.data(), n, E, K, w.score_bias.empty() ? nullptr : w.score_bias.data(), experts_.data(),
         weights_.data());
-  if (replay_) replay_->next(w.moe, n, experts_.data(), weights_.data());
-  if (trace_)
-    for (int64_t i = 0; i < n; ++i)
-      trace_->write(step_, w.moe, seqs[i], pos[i], experts_.data() + i * K, weights_.data() + i * K, static_cast<int>(K));
-  clock_.lap(Stage::Router);
-  dispatch_->forward(w.moe, xn_.data(), n, experts_.data(), weights_.data(), moe_.data());
+  routed(w.moe, n, seqs, pos, xn_.data(), experts_.data(), weights_.data(), moe_.data());
   if (c.shared_intermediate_size > 0) {
     ffn(w.shared, FfnSpec::silu(H, c.shared_intermediate_size), xn_.data(), n, tmp_.data(), ffn_gate_.data(),
         ffn_up_.data());
@@ -441,6 +439,17 @@ void Engine::feed_forward(int layer, int64_t n, const int32_t* seqs, const int32
       for (int64_t j = 0; j < H; ++j) m[j] += t[j];
     }
   }
+}
+
+void Engine::routed(int moe, int64_t n, const int32_t* seqs, const int32_t* pos, const float* xn, int32_t* experts,
+                    float* weights, float* out) {
+  const int64_t K = file_->config().experts_per_token;
+  if (replay_) replay_->next(moe, n, experts, weights);
+  if (trace_)
+    for (int64_t i = 0; i < n; ++i)
+      trace_->write(step_, moe, seqs[i], pos[i], experts + i * K, weights + i * K, static_cast<int>(K));
+  clock_.lap(Stage::Router);
+  dispatch_->forward(moe, xn, n, experts, weights, out);
 }
 
 void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, const int32_t* pos,
@@ -459,6 +468,14 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, cons
     clock_.lap(Stage::Exchange);
   }
 
+  if (gpu_) {
+    gpu_->forward(n, tokens, seqs, pos, want_logits, logits_.data(),
+                  [&](int moe, int64_t rows, const float* xn, int32_t* experts, float* weights, float* out) {
+                    routed(moe, rows, seqs, pos, xn, experts, weights, out);
+                  });
+    ++step_;
+    return;
+  }
   for (int64_t i = 0; i < n; ++i)
     kernels::to_f32(embd_->data + static_cast<size_t>(tokens[i]) * row_bytes, embd_->dtype, H, x_.data() + i * H);
 

@@ -22,6 +22,8 @@ namespace colibri {
 
 class RoutingTraceWriter;
 class RoutingReplay;
+struct LayerWeights;
+class GpuDense;
 
 struct EngineOptions {
   int64_t max_batch = 4;        // most sequences per generate() call
@@ -38,6 +40,9 @@ struct EngineOptions {
   // A barrier before the MoE results return, so that the stage times separate
   // waiting for the slowest rank from the transfer (bench; see MoeDispatcher).
   bool stage_sync = false;
+  // The dense part (embedding, attention, KV cache, router, dense FFNs, LM head)
+  // on this CUDA GPU (coordinator/gpu_dense.h); -1: on the CPU.
+  int device = -1;
 };
 
 struct Request {
@@ -107,14 +112,15 @@ class Engine {
   const Placement& placement() const { return *placement_; }
   int64_t rows_capacity() const { return rows_cap_; }
   // Bytes of the KV cache (for MLA: latents and rotary keys only).
-  uint64_t kv_cache_bytes() const { return kv_->bytes(); }
+  uint64_t kv_cache_bytes() const;
+  // The GPU of the dense part, -1 on the CPU.
+  int dense_device() const;
   // With workers: tells them how big a forward pass can be (once, first).
   void start_workers();
   // With workers: ends their serve loops (idempotent).
   void stop_workers();
 
  private:
-  struct LayerWeights;
   // Runs rows (token, sequence slot, position) through the model; writes the
   // logits of the rows with want_logits[i] into logits_ rows in order.
   void forward(int64_t n, const int32_t* tokens, const int32_t* seqs, const int32_t* pos, const uint8_t* want_logits);
@@ -123,6 +129,10 @@ class Engine {
   void attention_mla(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
   // Feed-forward block of `layer` on xn_ -> moe_.
   void feed_forward(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
+  // The routed experts of MoE layer `moe` on rows xn (host): the router's
+  // choices replayed and traced as asked, exchanged, combined into out.
+  void routed(int moe, int64_t n, const int32_t* seqs, const int32_t* pos, const float* xn, int32_t* experts,
+              float* weights, float* out);
 
   std::shared_ptr<const ColibriFile> file_;
   Communicator& comm_;
@@ -137,6 +147,7 @@ class Engine {
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<MoeDispatcher> dispatch_;
   std::unique_ptr<KVCache> kv_;
+  std::unique_ptr<GpuDense> gpu_;  // the dense part on a GPU (EngineOptions::device)
   std::vector<LayerWeights> layers_;
   std::vector<float> final_norm_;
   const TensorView* embd_ = nullptr;

@@ -10,23 +10,26 @@
 
 namespace colibri {
 
-namespace {
-enum class Scoring { Softmax, Sigmoid, TopkSoftmax };
-enum class Groups { None, Max, Top2Sum };
-}  // namespace
+RouteScoring route_scoring(const RoutingConfig& cfg) {
+  if (cfg.scoring == "softmax") return RouteScoring::Softmax;
+  if (cfg.scoring == "sigmoid") return RouteScoring::Sigmoid;
+  if (cfg.scoring == "topk_softmax") return RouteScoring::TopkSoftmax;
+  throw Error(Status::Unsupported, "routing scoring '" + cfg.scoring + "'");
+}
+
+RouteGroups route_groups(const RoutingConfig& cfg) {
+  if (cfg.group_select == "none") return RouteGroups::None;
+  if (cfg.group_select == "max") return RouteGroups::Max;
+  if (cfg.group_select == "top2_sum") return RouteGroups::Top2Sum;
+  throw Error(Status::Unsupported, "routing group_select '" + cfg.group_select + "'");
+}
 
 void route(const RoutingConfig& cfg, const float* logits, int64_t rows, int64_t num_experts, int64_t k,
            const float* score_bias, int32_t* experts, float* weights) {
-  Scoring sc;
-  if (cfg.scoring == "softmax") sc = Scoring::Softmax;
-  else if (cfg.scoring == "sigmoid") sc = Scoring::Sigmoid;
-  else if (cfg.scoring == "topk_softmax") sc = Scoring::TopkSoftmax;
-  else throw Error(Status::Unsupported, "routing scoring '" + cfg.scoring + "'");
-  Groups gs;
-  if (cfg.group_select == "none") gs = Groups::None;
-  else if (cfg.group_select == "max") gs = Groups::Max;
-  else if (cfg.group_select == "top2_sum") gs = Groups::Top2Sum;
-  else throw Error(Status::Unsupported, "routing group_select '" + cfg.group_select + "'");
+  using Scoring = RouteScoring;
+  using Groups = RouteGroups;
+  const Scoring sc = route_scoring(cfg);
+  const Groups gs = route_groups(cfg);
   const int64_t E = num_experts, G = gs == Groups::None ? 1 : cfg.n_group, per = E / G;
   if (k < 1 || k > E || G < 1 || E % G != 0 || cfg.topk_group < 1 || cfg.topk_group > G)
     throw Error(Status::InvalidArgument, "route: bad sizes");

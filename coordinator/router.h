@@ -12,6 +12,13 @@ namespace colibri {
 // (DeepSeek-V3 / GLM e_score_correction_bias), or null.
 // experts, weights: [rows][k], slot 0 = highest selection score; ties go to
 // the lower expert index.
+// The routing's scoring and group selection, parsed from the config's names;
+// throws Error(Unsupported) for an unknown one.
+enum class RouteScoring { Softmax = 0, Sigmoid = 1, TopkSoftmax = 2 };
+enum class RouteGroups { None = 0, Max = 1, Top2Sum = 2 };
+RouteScoring route_scoring(const RoutingConfig& cfg);
+RouteGroups route_groups(const RoutingConfig& cfg);
+
 void route(const RoutingConfig& cfg, const float* logits, int64_t rows, int64_t num_experts, int64_t k,
            const float* score_bias, int32_t* experts, float* weights);
 

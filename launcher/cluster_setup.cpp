@@ -52,8 +52,10 @@ void add_cluster_options(cxxopts::Options& o) {
       cxxopts::value<std::string>());
   o.add_options("cluster")("comm", "Communicator: auto (mpi under mpirun/srun, else local), local, mpi, nccl",
                            cxxopts::value<std::string>()->default_value("auto"))(
-      "device", "Where expert ranks compute their experts: cpu, or cuda (every owned expert resident on the GPU; "
-      "no fast tier yet; docs/cuda.md)", cxxopts::value<std::string>()->default_value("cpu"))(
+      "device", "Where every rank computes: cpu, or cuda (the coordinator's dense part and the experts on the "
+      "rank's GPU; docs/cuda.md)", cxxopts::value<std::string>()->default_value("cpu"))(
+      "coordinator-device", "Where rank 0's dense part runs when it differs from --device: cpu or cuda",
+      cxxopts::value<std::string>()->default_value("same"))(
       "gpu", "GPU of this rank (NCCL backend, --device cuda); -1 = the local rank", cxxopts::value<int>()->default_value("-1"))(
       "comm-timeout", "Seconds a rank waits for a peer before failing", cxxopts::value<double>()->default_value("120"))(
       "inject-fault", "Testing aid: RANK:kill:N kills a worker at its N-th forward pass, rank 0 at its N-th token; RANK:kill:start at start-up", cxxopts::value<std::string>());
@@ -140,6 +142,12 @@ ExpertSetup expert_setup(const cxxopts::ParseResult& r, const ColibriFile& file,
     so.device = rank_gpu(r);
   else if (device != "cpu")
     throw Error(Status::InvalidArgument, "--device '" + device + "' (cpu or cuda)");
+  std::string dense = r["coordinator-device"].as<std::string>();
+  if (dense == "same") dense = device;
+  if (dense == "cuda")
+    es.dense_device = rank_gpu(r);
+  else if (dense != "cpu")
+    throw Error(Status::InvalidArgument, "--coordinator-device '" + dense + "' (cpu, cuda or same)");
   if (so.policy == "pinned") {
     if (!es.stats) throw Error(Status::InvalidArgument, "--cache-policy pinned needs --stats STATS.json");
     if (es.stats->num_layers != L || es.stats->num_experts != E)

@@ -48,6 +48,8 @@ struct ExpertSetup {
   std::unique_ptr<ExpertStats> stats;  // --stats
   std::shared_ptr<const Placement> placement;
   ExpertStoreOptions store;
+  // The coordinator's dense part (--device / --coordinator-device): its GPU, or -1 on the CPU.
+  int dense_device = -1;
   std::string fault;  // --inject-fault for this rank ("" if none)
   std::shared_ptr<RoutingReplay> replay;  // --routing-replay (rank 0 only)
   std::string replay_path;

@@ -423,7 +423,9 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
   if (!csv_path.empty()) check_csv_header(csv_path, csv_header());
   const std::shared_ptr<RoutingReplay> replay = es.replay;
   const std::string& replay_path = es.replay_path;
-  const bool stage_sync = world > 1 && r.count("no-stage-sync") == 0;
+  // With several ranks, barriers separate waiting from transfer; with the dense
+  // part on a GPU, the stream is synchronised at each stage (GpuDenseOptions).
+  const bool stage_sync = (world > 1 || es.dense_device >= 0) && r.count("no-stage-sync") == 0;
 
   const std::vector<Request> reqs = make_requests(c, B, P, N, seed);
   const TensorView& embd = file->tensor(tname::token_embd());
@@ -448,6 +450,7 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
     EngineOptions eo = engine_options(B, P, N, chunk);
     eo.placement = es.placement;
     eo.store = es.store;
+    eo.device = es.dense_device;
     eo.replay = replay;
     eo.stage_sync = stage_sync;
     Engine engine(file, eo, comm);
@@ -756,7 +759,10 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
           {"cache_budget_experts", budget_experts},
           {"cache_budget_bytes", budget_bytes},
           {"routing_replay", replay_path},
-          {"stage_sync", stage_sync}}},
+          {"stage_sync", stage_sync},
+          {"device", r["device"].as<std::string>()},
+          {"coordinator_gpu", es.dense_device},
+          {"expert_gpu", es.store.device}}},
         {"machine", {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}}},
         {"model",
          {{"architecture", c.architecture},
@@ -1362,7 +1368,8 @@ int cmd_bench(int argc, char** argv) {
       "csv", "Append one row (configuration, then results) to this CSV; the header first when the file is new",
       cxxopts::value<std::string>())(
       "label", "Free text recorded in --json/--csv (e.g. a sweep's name)", cxxopts::value<std::string>())(
-      "no-stage-sync", "Several ranks: no barrier before results return (wait and exchange then mix)");
+      "no-stage-sync", "Several ranks: no barrier before results return (wait and exchange then mix); the dense part "
+      "on a GPU: no stream synchronisation per stage (its time then shows where the host waits)");
   add_cluster_options(o);
   o.add_options("memory")("size-mb", "MiB per array (default 1024; keep it well above the L3 cache)",
                           cxxopts::value<int64_t>());

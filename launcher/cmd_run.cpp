@@ -195,6 +195,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     }
     eo.placement = es.placement;
     eo.store = es.store;
+    eo.device = es.dense_device;
     eo.replay = es.replay;
     eo.trace = trace.get();
     Engine engine(file, eo, *comm);

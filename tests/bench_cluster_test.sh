@@ -15,8 +15,9 @@
 # - --csv: appends one row per run under one header (also when its lines end in CRLF);
 #   a file with other columns is refused (exit 11) and left as it was.
 # - SIGINT stops a benchmark with exit 130 and writes nothing.
-# - --device: an unknown one and a GPU fast-tier budget are refused (exit 11); --device cuda
-#   runs where a GPU is, and is refused with exit 15 on every rank where none is.
+# - --device: an unknown one is refused (exit 11); --device cuda runs where a GPU is, also
+#   with a fast-tier budget (the GPU fast tier: its cache figures reported as the CPU's
+#   would be), and is refused with exit 15 on every rank where none is, budget or not.
 # - a bad trace (other expert count) ends every rank with exit 11 and a message.
 set -euo pipefail
 
@@ -171,21 +172,58 @@ PYEOF
 pass "run --record-routing holds exactly the replayed experts and weights"
 
 step "device"
-# --device cuda: every owned expert on the GPU. Without a GPU (or CUDA in the build) a
-# clear refusal on every rank (exit 15); with one, the run completes.
+# --device cuda: the dense part and the experts on the GPU (--coordinator-device: rank 0's
+# dense part elsewhere). Without a GPU (or CUDA in the build) a clear refusal by the ranks
+# that need one (exit 15); with one, the run completes.
 expect_rc 11 "--device tpu" "$BIN" generate --model "$M" --prompt-ids 1,2,3 -n 2 --device tpu
 err_has "--device 'tpu' (cpu or cuda)"
-expect_rc 11 "--device cuda with a fast-tier budget" "$BIN" generate --model "$M" --prompt-ids 1,2,3 -n 2 --device cuda \
-  --expert-cache-experts 2
-err_has "a GPU fast tier (--expert-cache-bytes/--expert-cache-experts) is not implemented yet"
-run "$BIN" launch -n 3 -- run --model "$M" --prompt-ids 1,2,3 -n 2 --device cuda
+# no_gpu WHAT: the last command was refused for want of a GPU (or of CUDA in the build).
+no_gpu() {
+  [ "$RC" -eq 15 ] || fail "$1 without a GPU: exit $RC, expected 15"
+  grep -qE "no CUDA device is visible|this build has no CUDA" "$T/err" || fail "$1: no clear message"
+  pass "$1 without a GPU: refused with exit 15"
+}
+expect_rc 11 "--coordinator-device tpu" "$BIN" generate --model "$M" --prompt-ids 1,2,3 -n 2 --coordinator-device tpu
+err_has "--coordinator-device 'tpu' (cpu, cuda or same)"
+# Every rank on its GPU; the coordinator on the CPU with GPU workers; the reverse. With a
+# GPU each completes (the parity tests, CudaEngine.*, bound what it computes).
+for devs in "--device cuda" "--device cuda --coordinator-device cpu" "--coordinator-device cuda"; do
+  # shellcheck disable=SC2086
+  run "$BIN" launch -n 3 -- run --model "$M" --prompt-ids 1,2,3 -n 2 $devs
+  if [ "$RC" -eq 0 ]; then
+    out_has "sequence 0:"
+    pass "$devs ran on the GPU"
+  else
+    no_gpu "$devs"
+  fi
+done
+# The GPU fast tier: one expert slot per worker, the routing of "a one-expert cache" above
+# (experts 0 and 1 alternate on rank 1): accepted; on a GPU every access a miss, and the
+# figures those of the same run on the CPU.
+gpu_tier() {
+  run "$BIN" launch -n 3 -- bench --model "$M" --batch $B --prompt-len $P --new-tokens $N --reps 1 --warmup 0 \
+    --threads 1 --routing-replay "$T/skewed.jsonl" --json --expert-cache-experts 1 "$@"
+}
+gpu_tier --device cpu
+[ "$RC" -eq 0 ] || fail "the one-slot bench on the CPU: exit $RC"
+cp "$T/out" "$T/cpu-tier.json"
+gpu_tier --device cuda
 if [ "$RC" -eq 0 ]; then
-  out_has "sequence 0:"
-  pass "--device cuda ran on the GPU"
+  J=$T/gpu-tier.json
+  cp "$T/out" "$J"
+  check "$J" "d['ranks'][1]['cache_policy'] == 'lru' and d['ranks'][1]['cache_slots'] == 1" "the GPU cache: lru, one slot"
+  check "$J" "d['ranks'][1]['hits'] == 0 and d['ranks'][1]['misses'] > 0 and d['hit_rate'] == 0.0" \
+    "the GPU cache: every access a miss"
+  python3 - "$T/cpu-tier.json" "$J" <<'PYEOF' || fail "the GPU cache's figures differ from the CPU store's"
+import json, sys
+c, g = (json.load(open(f))['ranks'] for f in sys.argv[1:])
+for r in (1, 2):
+    for k in ('hits', 'misses', 'evictions', 'cache_slots', 'cache_policy'):
+        assert c[r][k] == g[r][k], (r, k, c[r][k], g[r][k])
+PYEOF
+  pass "--device cuda with --expert-cache-experts 1 ran on the GPU and reported the CPU store's figures"
 else
-  [ "$RC" -eq 15 ] || fail "--device cuda without a GPU: exit $RC, expected 15"
-  grep -qE "no CUDA device is visible|this build has no CUDA" "$T/err" || fail "--device cuda: no clear message"
-  pass "--device cuda without a GPU: every rank refuses with exit 15"
+  no_gpu "--device cuda with --expert-cache-experts 1"
 fi
 
 step "bad trace"

@@ -1,6 +1,8 @@
 // fixture.h: loads a transformers fixture (tests/fixtures/<name>: hf/ model,
 // expected.json, expected.safetensors) and runs the engine on it.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -81,6 +83,17 @@ inline double rel_l2(const float* a, const float* b, int64_t n) {
     den += static_cast<double>(b[i]) * b[i];
   }
   return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// The relative L2 error of every prompt position's logits against the
+// reference's, sorted ascending (the bf16 tolerances are on its percentiles).
+inline std::vector<double> sorted_prompt_errors(const Fixture& fx, const std::vector<SequenceOutput>& out) {
+  std::vector<double> rel;
+  for (size_t i = 0; i < fx.prompts.size(); ++i)
+    for (size_t p = 0; p < fx.prompts[i].size(); ++p)
+      rel.push_back(rel_l2(out[i].logits.data() + p * fx.vocab, fx.prompt_logits[i].data() + p * fx.vocab, fx.vocab));
+  std::sort(rel.begin(), rel.end());
+  return rel;
 }
 
 // Runs `reqs` on a one-process engine over `path` and returns the outputs with logits.

@@ -86,12 +86,7 @@ TEST_P(Parity, F32MatchesTransformers) {
 TEST_P(Parity, Bf16WithinStatedTolerance) {
   Fixture fx(std::get<0>(GetParam()));
   TempDir tmp;
-  auto out = run_engine(fx.convert(tmp, DType::BF16), fx.requests());
-  std::vector<double> rel;
-  for (size_t i = 0; i < fx.prompts.size(); ++i)
-    for (size_t p = 0; p < fx.prompts[i].size(); ++p)
-      rel.push_back(rel_l2(out[i].logits.data() + p * fx.vocab, fx.prompt_logits[i].data() + p * fx.vocab, fx.vocab));
-  std::sort(rel.begin(), rel.end());
+  const auto rel = sorted_prompt_errors(fx, run_engine(fx.convert(tmp, DType::BF16), fx.requests()));
   EXPECT_LT(rel[rel.size() / 2], 2e-2);
   EXPECT_LT(rel[static_cast<size_t>(0.95 * (rel.size() - 1))], 4e-2);
 }

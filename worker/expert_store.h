@@ -21,9 +21,12 @@ struct ExpertStoreOptions {
   double decay = 0.9;           // hybrid policy
   std::vector<uint64_t> pinned; // pinned policy: keys (layer * experts + expert)
   // Where the worker computes its experts: -1 the CPU (this store); >= 0 that
-  // CUDA GPU, every owned expert resident in its memory (worker/gpu_experts.h;
-  // no GPU fast tier yet, so no budget).
+  // CUDA GPU (worker/gpu_experts.h): the budget, policy, decay and pinned keys
+  // above then size and drive the GPU's fast tier instead of this store's.
   int device = -1;
+  // The GPU's host tier: "auto", "pinned" or "staging" (gpu_host_tier_request);
+  // "auto" defers to the environment variable COLIBRI_GPU_HOST_TIER.
+  std::string gpu_host_tier = "auto";
 };
 
 class ExpertStore {

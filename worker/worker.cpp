@@ -17,14 +17,15 @@ std::vector<uint64_t> owned_keys(const Placement& p, int rank) {
   return k;
 }
 
-// The store options, refused before any fast tier is allocated when they ask
-// for a GPU fast tier (not implemented: a GPU worker keeps every expert resident).
-const ExpertStoreOptions& checked(const ExpertStoreOptions& o, int rank) {
-  if (o.device >= 0 && (o.budget_bytes || o.budget_experts))
-    throw Error(Status::InvalidArgument, "rank " + std::to_string(rank) +
-                                             ": --device cuda keeps every owned expert in GPU memory; a GPU fast tier "
-                                             "(--expert-cache-bytes/--expert-cache-experts) is not implemented yet");
-  return o;
+// The CPU store's options: on a GPU worker the budget sizes the GPU's fast tier
+// (worker/gpu_experts.h), so the CPU store gets none (no arena is allocated).
+ExpertStoreOptions cpu_store_options(const ExpertStoreOptions& o) {
+  if (o.device < 0) return o;
+  ExpertStoreOptions c = o;
+  c.budget_bytes = 0;
+  c.budget_experts = 0;
+  c.pinned.clear();
+  return c;
 }
 }  // namespace
 
@@ -39,13 +40,15 @@ Worker::Worker(std::shared_ptr<const ColibriFile> file, const Placement& placeme
       experts_(file_->config().num_experts),
       max_rows_(max_rows),
       spec_(FfnSpec::experts(file_->config())),
-      store_(file_, checked(store, rank), owned_keys(placement, rank)) {
+      store_(file_, cpu_store_options(store), owned_keys(placement, rank)) {
   batch_keys_.reserve(static_cast<size_t>(experts_));
   seg_begin_.resize(static_cast<size_t>(world));
   cursor_.resize(static_cast<size_t>(world));
   runs_.reserve(static_cast<size_t>(world));
   if (store.device >= 0) {
-    gpu_ = make_gpu_experts(file_, spec_, owned_keys(placement, rank), max_rows, store.device, rank);
+    gpu_ = make_gpu_experts(file_, spec_, store, owned_keys(placement, rank), max_rows, rank);
+    gpu_experts_.reserve(static_cast<size_t>(experts_));
+    gpu_runs_.reserve(static_cast<size_t>(experts_ * world));
     return;  // the GPU holds its own scratch
   }
   xg_.resize(static_cast<size_t>(max_rows * hidden_));
@@ -55,8 +58,8 @@ Worker::Worker(std::shared_ptr<const ColibriFile> file, const Placement& placeme
 }
 
 CacheStats Worker::cache_stats() const { return gpu_ ? gpu_->stats() : store_.stats(); }
-const char* Worker::cache_policy() const { return gpu_ ? "gpu" : store_.policy(); }
-size_t Worker::cache_slots() const { return gpu_ ? 0 : store_.slots(); }
+const char* Worker::cache_policy() const { return gpu_ ? gpu_->policy() : store_.policy(); }
+size_t Worker::cache_slots() const { return gpu_ ? gpu_->slots() : store_.slots(); }
 
 void Worker::compute(int layer, const uint32_t* counts, const float* in, float* out) {
   // Row offsets: source s's block starts after all rows of sources < s; inside
@@ -79,12 +82,13 @@ void Worker::compute(int layer, const uint32_t* counts, const float* in, float* 
         batch_keys_.push_back(static_cast<uint64_t>(layer) * experts_ + e);
         break;
       }
-  store_.hint(batch_keys_.data(), batch_keys_.size());
+  if (!gpu_) store_.hint(batch_keys_.data(), batch_keys_.size());  // the GPU tier hints its own cache
   // Running offset of the next expert inside each source's block.
   std::vector<int64_t>& cursor = cursor_;
   cursor.assign(src_base.begin(), src_base.end());  // capacity reserved: no allocation
   const size_t row_bytes = static_cast<size_t>(hidden_) * sizeof(float);
-  if (gpu_) gpu_->begin(in, total);
+  gpu_experts_.clear();
+  gpu_runs_.clear();
   for (int64_t e = 0; e < experts_; ++e) {
     // This expert's rows: one run per source that sent it any.
     runs_.clear();
@@ -100,8 +104,10 @@ void Worker::compute(int layer, const uint32_t* counts, const float* in, float* 
     if (!placement_.owns(rank_, layer, static_cast<int>(e)))
       throw Error(Status::Internal, "rank " + std::to_string(rank_) + " was sent rows for expert " + std::to_string(e) +
                                         " of layer " + std::to_string(layer) + ", which it does not own");
-    if (gpu_) {
-      gpu_->run(layer, static_cast<int>(e), runs_);
+    if (gpu_) {  // collected: the GPU tier plans the whole layer at once
+      gpu_experts_.push_back({static_cast<int>(e), static_cast<uint32_t>(gpu_runs_.size()),
+                              static_cast<uint32_t>(runs_.size())});
+      gpu_runs_.insert(gpu_runs_.end(), runs_.begin(), runs_.end());
       continue;
     }
     const ExpertView& ev = store_.get(layer, static_cast<int>(e), tick_);
@@ -123,7 +129,7 @@ void Worker::compute(int layer, const uint32_t* counts, const float* in, float* 
       g += c;
     }
   }
-  if (gpu_) gpu_->end(out, total);
+  if (gpu_) gpu_->compute(layer, tick_, in, out, total, gpu_experts_, gpu_runs_);
 }
 
 }  // namespace colibri

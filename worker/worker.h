@@ -27,10 +27,13 @@ class Worker {
   ExpertStore& store() { return store_; }
   int rank() const { return rank_; }
   // The expert tier this worker computes from: the store's figures on the CPU;
-  // on a GPU, every owned expert loaded once (misses) and resident (hits).
+  // on a GPU, its fast tier's (worker/gpu_experts.h): with a budget the
+  // policy's hits, misses, bytes loaded, evictions and slots; without one,
+  // policy "gpu", every owned expert loaded once (misses) and resident (hits).
   CacheStats cache_stats() const;
   const char* cache_policy() const;
   size_t cache_slots() const;
+  const GpuExperts* gpu() const { return gpu_.get(); }  // null on the CPU
 
  private:
   std::shared_ptr<const ColibriFile> file_;
@@ -43,6 +46,8 @@ class Worker {
   std::unique_ptr<GpuExperts> gpu_;                    // with ExpertStoreOptions::device >= 0
   std::vector<std::pair<int64_t, int64_t>> runs_;       // one expert's (first row, count) per source
   std::vector<uint64_t> batch_keys_;  // experts with rows in the current layer
+  std::vector<GpuExpertRows> gpu_experts_;                  // GPU: the layer's experts with rows
+  std::vector<std::pair<int64_t, int64_t>> gpu_runs_;       // GPU: their runs, reserved experts x world
   // Scratch sized once: gathered rows of one expert and its intermediates.
   std::vector<float> xg_, yg_, gate_, up_;
   std::vector<int64_t> seg_begin_;  // [world] first row of each source's block

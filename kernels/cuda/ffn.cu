@@ -126,15 +126,16 @@ struct Gemm::Impl {
   cublasLtMatmulPreference_t pref = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  // Per shape (out, in, rows) and pointer alignments (w, x, y): the layouts and
-  // the heuristic's algorithm. NOTE: the heuristic assumes 256-byte aligned
-  // pointers unless told otherwise, and rows inside a block (x + at * hidden)
-  // need not be; an algorithm chosen for aligned data may refuse them.
+  // Per shape (out, in, rows), row strides (ldx, ldy), data type (bf16 or f32
+  // inputs) and pointer alignments (w, x, y): the layouts and the heuristic's
+  // algorithm. NOTE: the heuristic assumes 256-byte aligned pointers unless
+  // told otherwise, and rows inside a block (x + at * hidden) need not be; an
+  // algorithm chosen for aligned data may refuse them.
   struct Plan {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  using Key = std::tuple<int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t>;
   std::map<Key, Plan> plans;
 
   ~Impl() {
@@ -149,14 +150,17 @@ struct Gemm::Impl {
     if (workspace) cudaFree(workspace);
   }
 
-  const Plan& plan(int64_t out, int64_t in, int64_t rows, uint32_t aw, uint32_t ax, uint32_t ay) {
-    const Key key{out, in, rows, aw, ax, ay};
+  // f32: f32 inputs (the descriptor's compute type is CUBLAS_COMPUTE_32F for
+  // both, which never uses TF32); else bf16 inputs. The output is f32 either way.
+  const Plan& plan(int64_t out, int64_t in, int64_t rows, int64_t ldx, int64_t ldy, bool f32, uint32_t aw,
+                   uint32_t ax, uint32_t ay) {
+    const Key key{out, in, rows, ldx, ldy, f32 ? 1 : 0, aw, ax, ay};
     auto it = plans.find(key);
     if (it != plans.end()) return it->second;
     // Column-major view: D[out x rows] = op(A)[out x in] . B[in x rows], where A is
     // the row-major weight [out][in] seen as [in x out] (transposed by the op), B
-    // the row-major activations [rows][in] seen as [in x rows], and D the row-major
-    // output [rows][out] seen as [out x rows].
+    // the row-major activations [rows][in] (rows ldx apart) seen as [in x rows],
+    // and D the row-major output [rows][out] (rows ldy apart) seen as [out x rows].
     struct Guard {  // destroys the layouts made so far if a later call throws
       Plan p;
       bool keep = false;
@@ -168,9 +172,10 @@ struct Gemm::Impl {
       }
     } g;
     Plan& p = g.p;
-    COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, in, out, in));
-    COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, in, rows, in));
-    COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, out, rows, out));
+    const cudaDataType_t in_type = f32 ? CUDA_R_32F : CUDA_R_16BF;
+    COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_type, in, out, in));
+    COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, in, rows, ldx));
+    COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, out, rows, ldy));
     const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aw}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, ax},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ay}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ay}};
@@ -180,11 +185,32 @@ struct Gemm::Impl {
     int found = 0;
     COLIBRI_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, p.a, p.b, p.c, p.c, pref, 1, &r, &found));
     if (found < 1)
-      throw Error(Status::Unsupported, "cuBLASLt has no algorithm for a bf16 GEMM of " + std::to_string(rows) + " x " +
-                                           std::to_string(in) + " by " + std::to_string(out) + " x " + std::to_string(in));
+      throw Error(Status::Unsupported, std::string("cuBLASLt has no algorithm for a ") + (f32 ? "f32" : "bf16") +
+                                           " GEMM of " + std::to_string(rows) + " x " + std::to_string(in) + " by " +
+                                           std::to_string(out) + " x " + std::to_string(in) + " (row strides " +
+                                           std::to_string(ldx) + ", " + std::to_string(ldy) + ")");
     p.algo = r.algo;
     g.keep = true;
     return plans.emplace(key, p).first->second;
+  }
+
+  void run(const void* w, int64_t out, int64_t in, const void* x, int64_t rows, float* y, int64_t ldx, int64_t ldy,
+           bool f32) {
+    const char* what = f32 ? "GEMM (f32)" : "GEMM";
+    if (out < 1 || in < 1 || rows < 0)
+      throw Error(Status::InvalidArgument, std::string(what) + ": shape must be positive");
+    if (ldx == 0) ldx = in;
+    if (ldy == 0) ldy = out;
+    if (ldx < in || ldy < out)
+      throw Error(Status::InvalidArgument, std::string(what) + ": row strides " + std::to_string(ldx) + ", " +
+                                               std::to_string(ldy) + " below the widths " + std::to_string(in) + ", " +
+                                               std::to_string(out));
+    if (rows == 0) return;
+    if (!w || !x || !y) throw Error(Status::InvalidArgument, std::string(what) + ": null device pointer");
+    const auto& p = plan(out, in, rows, ldx, ldy, f32, alignment(w), alignment(x), alignment(y));
+    const float alpha = 1.0f, beta = 0.0f;
+    COLIBRI_CUBLAS_CHECK(cublasLtMatmul(handle, op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                                        workspace, workspace_bytes, stream));
   }
 
   // The largest power of two up to 256 that divides the address.
@@ -212,14 +238,14 @@ Gemm::Gemm(void* stream, size_t workspace_bytes) : impl_(std::make_unique<Impl>(
 
 Gemm::~Gemm() = default;
 
-void Gemm::run(const uint16_t* w, int64_t out, int64_t in, const uint16_t* x, int64_t rows, float* y) {
-  if (out < 1 || in < 1 || rows < 0) throw Error(Status::InvalidArgument, "GEMM shape must be positive");
-  if (rows == 0) return;
-  if (!w || !x || !y) throw Error(Status::InvalidArgument, "GEMM: null device pointer");
-  const auto& p = impl_->plan(out, in, rows, Impl::alignment(w), Impl::alignment(x), Impl::alignment(y));
-  const float alpha = 1.0f, beta = 0.0f;
-  COLIBRI_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, impl_->op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
-                                      &p.algo, impl_->workspace, impl_->workspace_bytes, impl_->stream));
+void Gemm::run(const uint16_t* w, int64_t out, int64_t in, const uint16_t* x, int64_t rows, float* y, int64_t ldx,
+               int64_t ldy) {
+  impl_->run(w, out, in, x, rows, y, ldx, ldy, false);
+}
+
+void Gemm::run_f32(const float* w, int64_t out, int64_t in, const float* x, int64_t rows, float* y, int64_t ldx,
+                   int64_t ldy) {
+  impl_->run(w, out, in, x, rows, y, ldx, ldy, true);
 }
 
 // ---- the FFN -----------------------------------------------------------------------

@@ -43,14 +43,20 @@ struct DeviceFfn {
 };
 
 // y[rows][out] (f32, row-major) = x[rows][in] (bf16) . w[out][in]^T (bf16), on
-// `stream`, through cuBLASLt (f32 accumulation). Device pointers.
+// `stream`, through cuBLASLt (f32 accumulation). Device pointers. Rows of x and
+// y are ldx and ldy elements apart (0: in and out, packed).
 class Gemm {
  public:
   explicit Gemm(void* stream = nullptr, size_t workspace_bytes = size_t{32} << 20);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
-  void run(const uint16_t* w, int64_t out, int64_t in, const uint16_t* x, int64_t rows, float* y);
+  void run(const uint16_t* w, int64_t out, int64_t in, const uint16_t* x, int64_t rows, float* y, int64_t ldx = 0,
+           int64_t ldy = 0);
+  // The same product in f32 throughout (f32 inputs, CUBLAS_COMPUTE_32F, no
+  // TF32): for the router, whose choices should not move with bf16 rounding.
+  void run_f32(const float* w, int64_t out, int64_t in, const float* x, int64_t rows, float* y, int64_t ldx = 0,
+               int64_t ldy = 0);
 
  private:
   struct Impl;

@@ -1,0 +1,130 @@
+// test_cuda_engine.cpp: the engine with its dense part on a GPU
+// (EngineOptions::device, coordinator/gpu_dense.h) and its experts on the GPU
+// or the CPU, against transformers on the stored fixtures, with the bf16
+// tolerances of the CPU engine (test_parity.cpp's Bf16WithinStatedTolerance):
+// the GPU holds the matrices in bf16 as a bf16 file does, and rounds the
+// activations to bf16 before each product as well. Without a GPU these tests
+// are skipped (and counted so); the refusal without one is tested here.
+#include <gtest/gtest.h>
+
+#include "tests/fixture.h"
+
+#ifdef COLIBRI_HAVE_CUDA
+#include "kernels/cuda/device_info.h"
+#endif
+
+using namespace colibri;
+using namespace colibri::test;
+
+namespace {
+
+bool have_gpu() {
+#ifdef COLIBRI_HAVE_CUDA
+  return cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+std::vector<std::string> unquantised_fixtures() {
+  std::vector<std::string> v;
+  for (const auto& n : fixture_names())
+    if (n.find("mxfp4") == std::string::npos) v.push_back(n);
+  return v;
+}
+
+// Prompt logits within the CPU bf16 engine's tolerances (median 2e-2, 95% 4e-2)
+// and the generated tokens of the right count.
+void expect_bf16_parity(const Fixture& fx, const std::vector<SequenceOutput>& out) {
+  ASSERT_EQ(out.size(), fx.prompts.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_EQ(out[i].tokens.size(), static_cast<size_t>(fx.new_tokens));
+    ASSERT_EQ(out[i].logits.size(), (fx.prompts[i].size() + fx.new_tokens - 1) * fx.vocab);
+  }
+  const auto rel = sorted_prompt_errors(fx, out);
+  std::printf("%s: relative L2 median %.2e, p95 %.2e, max %.2e over %zu positions\n", fx.name.c_str(),
+              rel[rel.size() / 2], rel[static_cast<size_t>(0.95 * (rel.size() - 1))], rel.back(), rel.size());
+  EXPECT_LT(rel[rel.size() / 2], 2e-2);
+  EXPECT_LT(rel[static_cast<size_t>(0.95 * (rel.size() - 1))], 4e-2);
+}
+
+class CudaEngine : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU";
+  }
+};
+
+}  // namespace
+
+// Everything on the GPU: dense part and experts (the experts of a bf16 file).
+TEST_P(CudaEngine, AllGpuWithinBf16Tolerance) {
+  Fixture fx(GetParam());
+  TempDir tmp;
+  EngineOptions eo;
+  eo.device = 0;
+  eo.store.device = 0;
+  eo.prefill_chunk = 3;  // prompts span several passes: the KV cache carries across them
+  expect_bf16_parity(fx, run_engine(fx.convert(tmp, DType::BF16), fx.requests(), eo));
+}
+
+// The dense part on the GPU, the experts on the CPU (an f32 file: the GPU
+// rounds its matrices to bf16 at upload). Every fixture, the quantised included.
+TEST(CudaEngineAll, GpuDenseCpuExpertsWithinBf16Tolerance) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU";
+  for (const auto& name : fixture_names()) {
+    SCOPED_TRACE(name);
+    Fixture fx(name);
+    TempDir tmp;
+    EngineOptions eo;
+    eo.device = 0;
+    expect_bf16_parity(fx, run_engine(fx.convert(tmp, DType::F32), fx.requests(), eo));
+  }
+}
+
+// The coordinator on the CPU, the experts on the GPU.
+TEST_P(CudaEngine, GpuExpertsWithinBf16Tolerance) {
+  Fixture fx(GetParam());
+  TempDir tmp;
+  EngineOptions eo;
+  eo.store.device = 0;
+  expect_bf16_parity(fx, run_engine(fx.convert(tmp, DType::BF16), fx.requests(), eo));
+}
+
+// Batched decode on the GPU gives each sequence what it gets alone (up to the
+// GEMM's choice of algorithm per row count: bf16 tolerance, same tokens).
+TEST(CudaEngineAll, BatchAgreesWithSingleSequences) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU";
+  Fixture fx("mixtral_a");
+  TempDir tmp;
+  const std::string path = fx.convert(tmp, DType::BF16);
+  EngineOptions eo;
+  eo.device = 0;
+  eo.store.device = 0;
+  const auto reqs = fx.requests();
+  const auto batch = run_engine(path, reqs, eo);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto one = run_engine(path, {reqs[i]}, eo);
+    ASSERT_EQ(one[0].logits.size(), batch[i].logits.size());
+    EXPECT_LT(rel_l2(one[0].logits.data(), batch[i].logits.data(), static_cast<int64_t>(one[0].logits.size())), 1e-2)
+        << "sequence " << i;
+  }
+}
+
+// Without a GPU (or without CUDA in the build) the engine refuses at once
+// with a clear message and Unsupported: nothing half-built, no crash.
+TEST(CudaEngineRefusal, NoGpuIsAClearError) {
+  if (have_gpu()) GTEST_SKIP() << "a GPU is present";
+  Fixture fx("mixtral_a");
+  TempDir tmp;
+  const std::string path = fx.convert(tmp, DType::BF16);
+  for (int which = 0; which < 2; ++which) {
+    EngineOptions eo;
+    (which == 0 ? eo.device : eo.store.device) = 0;
+    expect_error([&] { run_engine(path, fx.requests(), eo); }, Status::Unsupported,
+                 {"--device cuda", "CUDA"});
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngine, ::testing::ValuesIn(unquantised_fixtures()),
+                         [](const auto& info) { return info.param; });
