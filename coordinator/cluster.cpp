@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "coordinator/dispatch.h"
 #include "model/error.h"
@@ -112,7 +113,10 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
   if (owned > 0)
     worker = std::make_unique<Worker>(file, *placement, comm.rank(), comm.size(), rows_cap * c.experts_per_token, opts.store);
   StageClock clock;
-  MoeDispatcher dispatch(c, *placement, comm, worker.get(), rows_cap, clock);
+  // NOTE: rows arrive in the GPU's memory when NCCL moves them and the experts
+  // compute there; otherwise in host memory (NCCL stages host buffers itself).
+  const bool device_rows = worker && worker->gpu() && std::string(comm.backend()) == "nccl";
+  MoeDispatcher dispatch(c, *placement, comm, worker.get(), rows_cap, clock, device_rows ? worker->gpu()->device() : -1);
   dispatch.set_stage_sync(m.setup.stage_sync != 0);
   {
     // Set up: tell the coordinator (it waits without a deadline).
@@ -135,7 +139,7 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
         clock.set_phase(m.phase == static_cast<int32_t>(Phase::Decode) ? Phase::Decode : Phase::Prefill);
         clock.lap(Stage::Wait);
         clock.count_pass();
-        for (int l = 0; l < c.num_moe_layers(); ++l) dispatch.forward(l, nullptr, 0, nullptr, nullptr, nullptr);
+        for (int l = 0; l < c.num_moe_layers(); ++l) dispatch.serve(l);
         break;
       case Op::Report: {
         // NOTE: the wait since the last pass belongs to its phase (the coordinator's

@@ -4,6 +4,7 @@
 // them in a fixed order.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -45,9 +46,11 @@ struct LayerBalance {
 class MoeDispatcher {
  public:
   // max_rows: most tokens per forward pass; local: this rank's worker or null;
-  // clock: where each stage's time is charged (its phase says prefill/decode).
+  // clock: where each stage's time is charged (its phase says prefill/decode);
+  // device: the GPU whose memory forward_device's rows live in (-1: none).
   MoeDispatcher(const ModelConfig& cfg, const Placement& placement, Communicator& comm, Worker* local,
-                int64_t max_rows, StageClock& clock);
+                int64_t max_rows, StageClock& clock, int device = -1);
+  ~MoeDispatcher();
 
   // x: [rows][hidden] (post-norm); experts, weights: [rows][k] from the router;
   // out: [rows][hidden], overwritten with sum_j weights[t][j] * expert_j(x[t]),
@@ -56,6 +59,19 @@ class MoeDispatcher {
   // in this layer (ties to the lower rank). A worker that hosts no tokens calls
   // this with rows = 0 to serve its experts.
   void forward(int layer, const float* x, int64_t rows, const int32_t* experts, const float* weights, float* out);
+  // The same with the rows in the memory of the GPU given at construction: x
+  // and out device [rows][hidden], experts and weights host [rows][k]. Queued
+  // on `stream` after its work so far (the stream is synchronised before the
+  // exchange; the combine into out is queued on it). The rows are packed,
+  // exchanged (device buffers: NCCL, or nothing to move with one rank),
+  // computed by a local worker on that GPU in place (any other local worker
+  // through host copies) and combined on the GPU, in the same slot order.
+  void forward_device(int layer, const float* x, int64_t rows, const int32_t* experts, const float* weights, float* out,
+                      void* stream);
+  // A rank without tokens serves its experts for one layer: forward, or
+  // forward_device when constructed with a device, with no rows.
+  void serve(int layer);
+  int device() const { return device_; }
 
   // Every rank must agree (a collective): with it, a barrier after the rows
   // arrive and one before the results return separate waiting for the slowest
@@ -69,6 +85,13 @@ class MoeDispatcher {
   const LayerBalance& balance(Phase p) const { return balance_[static_cast<int>(p)]; }
 
  private:
+  // Chooses each pair's rank, counts per (rank, expert), the send layout and
+  // each pair's row in it (slot_pos_); the statistics.
+  void plan(int layer, int64_t rows, const int32_t* experts);
+  // Counts, then rows, to the ranks; the local experts; results back. The
+  // buffers are host memory, or with `device` device memory.
+  void exchange(int layer, const float* send, float* recv, float* result, float* back, bool device);
+
   const ModelConfig& cfg_;
   const Placement& placement_;
   Communicator& comm_;
@@ -87,6 +110,9 @@ class MoeDispatcher {
   std::vector<int> hosts_;                           // the placement's host ranks
   StageClock& clock_;
   bool stage_sync_ = false;
+  int device_ = -1;
+  struct DeviceRows;  // forward_device's buffers (with CUDA)
+  std::unique_ptr<DeviceRows> dev_;
   DispatchStats stats_[kNumPhases];
   LayerBalance balance_[kNumPhases];
 };

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "coordinator/cluster.h"
 #include "coordinator/gpu_dense.h"
@@ -134,7 +135,12 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
   replay_ = opts.replay;
   if (replay_) replay_->check(c);
   stage_sync_ = opts.stage_sync;
-  dispatch_ = std::make_unique<MoeDispatcher>(c, *placement_, comm_, worker_.get(), rows_cap_, clock_);
+  // With the dense part on a GPU the MoE rows stay there when nothing must
+  // cross to the host: one rank, or NCCL moving device buffers.
+  if (opts.device >= 0) require_gpu(opts.device, comm_.rank());  // the clear refusal, before any GPU is touched
+  const bool device_moe = opts.device >= 0 && (comm_.size() == 1 || std::string(comm_.backend()) == "nccl");
+  dispatch_ = std::make_unique<MoeDispatcher>(c, *placement_, comm_, worker_.get(), rows_cap_, clock_,
+                                              device_moe ? opts.device : -1);
   dispatch_->set_stage_sync(stage_sync_);
   const bool mla = c.attention == "mla";
   // NOTE: with the dense part on a GPU, the KV cache and the activations live
@@ -256,6 +262,7 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
     g.rope_cos = rope_cos_.data(), g.rope_sin = rope_sin_.data();
     g.clock = &clock_;
     g.sync_stages = stage_sync_;
+    g.device_moe = device_moe;
     gpu_ = make_gpu_dense(file_, layers_, final_norm_, g);
   }
 }
@@ -442,14 +449,17 @@ void Engine::feed_forward(int layer, int64_t n, const int32_t* seqs, const int32
 }
 
 void Engine::routed(int moe, int64_t n, const int32_t* seqs, const int32_t* pos, const float* xn, int32_t* experts,
-                    float* weights, float* out) {
+                    float* weights, float* out, void* stream) {
   const int64_t K = file_->config().experts_per_token;
   if (replay_) replay_->next(moe, n, experts, weights);
   if (trace_)
     for (int64_t i = 0; i < n; ++i)
       trace_->write(step_, moe, seqs[i], pos[i], experts + i * K, weights + i * K, static_cast<int>(K));
   clock_.lap(Stage::Router);
-  dispatch_->forward(moe, xn, n, experts, weights, out);
+  if (stream)
+    dispatch_->forward_device(moe, xn, n, experts, weights, out, stream);
+  else
+    dispatch_->forward(moe, xn, n, experts, weights, out);
 }
 
 void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, const int32_t* pos,
@@ -470,9 +480,8 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, cons
 
   if (gpu_) {
     gpu_->forward(n, tokens, seqs, pos, want_logits, logits_.data(),
-                  [&](int moe, int64_t rows, const float* xn, int32_t* experts, float* weights, float* out) {
-                    routed(moe, rows, seqs, pos, xn, experts, weights, out);
-                  });
+                  [&](int moe, int64_t rows, const float* xn, int32_t* experts, float* weights, float* out,
+                      void* stream) { routed(moe, rows, seqs, pos, xn, experts, weights, out, stream); });
     ++step_;
     return;
   }

@@ -129,10 +129,12 @@ class Engine {
   void attention_mla(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
   // Feed-forward block of `layer` on xn_ -> moe_.
   void feed_forward(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
-  // The routed experts of MoE layer `moe` on rows xn (host): the router's
-  // choices replayed and traced as asked, exchanged, combined into out.
+  // The routed experts of MoE layer `moe` on rows xn: the router's choices
+  // (host) replayed and traced as asked, the rows exchanged and combined into
+  // out. stream null: xn and out host memory; else device memory, the work
+  // queued on that stream (MoeDispatcher::forward_device).
   void routed(int moe, int64_t n, const int32_t* seqs, const int32_t* pos, const float* xn, int32_t* experts,
-              float* weights, float* out);
+              float* weights, float* out, void* stream = nullptr);
 
   std::shared_ptr<const ColibriFile> file_;
   Communicator& comm_;

@@ -8,6 +8,7 @@
 
 #include "coordinator/router.h"
 #include "model/error.h"
+#include "worker/gpu_experts.h"
 
 #ifdef COLIBRI_HAVE_CUDA
 #include "kernels/cuda/dense.h"
@@ -55,12 +56,7 @@ class CudaDense final : public GpuDense {
   CudaDense(std::shared_ptr<const ColibriFile> file, const std::vector<LayerWeights>& layers,
             const std::vector<float>& final_norm, const GpuDenseOptions& o)
       : file_(std::move(file)), c_(file_->config()), o_(o) {
-    const int n = cuda::device_count();
     const std::string who = "rank " + std::to_string(o.rank) + ": ";
-    if (n == 0) throw Error(Status::Unsupported, who + "--device cuda, but no CUDA device is visible");
-    if (o.device < 0 || o.device >= n)
-      throw Error(Status::InvalidArgument,
-                  who + "GPU " + std::to_string(o.device) + " does not exist (" + std::to_string(n) + " visible)");
     // What the kernels cannot take is refused before anything is allocated.
     if (c_.num_experts > 1024 || c_.experts_per_token > 32)
       throw Error(Status::Unsupported, who + "the GPU router takes at most 1024 experts and top-32");
@@ -162,8 +158,10 @@ class CudaDense final : public GpuDense {
     experts_ = f32(K);  // int32, same size
     ints_ = DeviceBuffer(static_cast<size_t>(4 * R) * 4);  // tokens, seqs, pos, wanted rows
     h_ints_ = PinnedBuffer(static_cast<size_t>(4 * R) * 4);
-    h_xn_ = PinnedBuffer(static_cast<size_t>(R * H) * 4);
-    h_moe_ = PinnedBuffer(static_cast<size_t>(R * H) * 4);
+    if (!o.device_moe) {
+      h_xn_ = PinnedBuffer(static_cast<size_t>(R * H) * 4);
+      h_moe_ = PinnedBuffer(static_cast<size_t>(R * H) * 4);
+    }
     h_experts_ = PinnedBuffer(static_cast<size_t>(R * K) * 4);
     h_weights_ = PinnedBuffer(static_cast<size_t>(R * K) * 4);
     gemm_ = std::make_unique<cuda::Gemm>(s_);
@@ -428,9 +426,13 @@ class CudaDense final : public GpuDense {
     ra.norm_topk_prob = c_.routing.norm_topk_prob, ra.routed_scaling_factor = c_.routing.routed_scaling_factor;
     ra.experts = experts_.as<int32_t>(), ra.weights = weights_.as<float>();
     cuda::route(ra, s_);
-    // The routed experts through the host: rows and choices down, the combined
-    // output up; the shared expert computes on the GPU meanwhile.
-    cuda::copy_async(h_xn_.get(), xn(), static_cast<size_t>(n * H) * 4, cuda::Copy::DeviceToHost, s_);
+    // The router's choices to the host (the dispatch plan, replay and trace
+    // need them there); with host MoE the rows too, and the combined output
+    // back up. The shared expert computes on the GPU meanwhile.
+    const bool host_rows = !o_.device_moe;
+    float* h_xn = reinterpret_cast<float*>(h_xn_.data());
+    float* h_moe = reinterpret_cast<float*>(h_moe_.data());
+    if (host_rows) cuda::copy_async(h_xn, xn(), static_cast<size_t>(n * H) * 4, cuda::Copy::DeviceToHost, s_);
     cuda::copy_async(h_experts_.get(), experts_.get(), static_cast<size_t>(n * K) * 4, cuda::Copy::DeviceToHost, s_);
     cuda::copy_async(h_weights_.get(), weights_.get(), static_cast<size_t>(n * K) * 4, cuda::Copy::DeviceToHost, s_);
     routed_ready_->record(s_);
@@ -442,9 +444,16 @@ class CudaDense final : public GpuDense {
     // the hook overwrites it (same stream, queued earlier).
     routed_ready_->synchronize();
     o_.clock->lap(Stage::Router);
-    moe(w.moe, n, reinterpret_cast<float*>(h_xn_.data()), reinterpret_cast<int32_t*>(h_experts_.data()), reinterpret_cast<float*>(h_weights_.data()), reinterpret_cast<float*>(h_moe_.data()));
-    cuda::set_device(o_.device);  // the hook may have computed experts on another GPU
-    cuda::copy_async(out, h_moe_.get(), static_cast<size_t>(n * H) * 4, cuda::Copy::HostToDevice, s_);
+    int32_t* ex = reinterpret_cast<int32_t*>(h_experts_.data());
+    float* wt = reinterpret_cast<float*>(h_weights_.data());
+    if (host_rows) {
+      moe(w.moe, n, h_xn, ex, wt, h_moe, nullptr);
+      cuda::set_device(o_.device);  // the hook may have computed experts on another GPU
+      cuda::copy_async(out, h_moe, static_cast<size_t>(n * H) * 4, cuda::Copy::HostToDevice, s_);
+    } else {
+      moe(w.moe, n, xn(), ex, wt, out, s_);
+      cuda::set_device(o_.device);
+    }
     if (w.shared.buf.get()) cuda::add(out, tmp(), n * H, s_);
   }
 
@@ -469,24 +478,20 @@ class CudaDense final : public GpuDense {
   PinnedBuffer h_ints_, h_xn_, h_moe_, h_experts_, h_weights_;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::FfnRunner> dense_ffn_, shared_ffn_;
-
 };
 
 }  // namespace
+#endif
 
 std::unique_ptr<GpuDense> make_gpu_dense(std::shared_ptr<const ColibriFile> file, const std::vector<LayerWeights>& layers,
                                          const std::vector<float>& final_norm, const GpuDenseOptions& opts) {
+  require_gpu(opts.device, opts.rank);
+#ifdef COLIBRI_HAVE_CUDA
   return std::make_unique<CudaDense>(std::move(file), layers, final_norm, opts);
-}
-
 #else
-
-std::unique_ptr<GpuDense> make_gpu_dense(std::shared_ptr<const ColibriFile>, const std::vector<LayerWeights>&,
-                                         const std::vector<float>&, const GpuDenseOptions& opts) {
-  throw Error(Status::Unsupported, "rank " + std::to_string(opts.rank) +
-                                       ": --device cuda, but this build has no CUDA (configure with the CUDA toolkit)");
-}
-
+  (void)file, (void)layers, (void)final_norm;
+  return nullptr;
 #endif
+}
 
 }  // namespace colibri

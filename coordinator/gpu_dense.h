@@ -5,7 +5,9 @@
 // through cuBLASLt, the router's product in f32). The routed experts go through
 // the host: each MoE layer downloads its normalised rows and the router's
 // choices, a hook (the engine's dispatcher: replay, trace, exchange, the local
-// worker) returns the combined expert output, which is uploaded again.
+// worker) returns the combined expert output, which is uploaded again; or,
+// with device_moe, the rows stay on the GPU and the hook gets device pointers
+// (the dispatcher packs, exchanges and combines them there).
 // Built only with CUDA; make_gpu_dense throws Error(Unsupported) otherwise.
 #pragma once
 #include <cstdint>
@@ -22,12 +24,13 @@ namespace colibri {
 class GpuDense {
  public:
   virtual ~GpuDense() = default;
-  // Host buffers of one MoE layer (moe_layer: its index among the MoE layers):
-  // xn [n][hidden] the routed experts' input, experts/weights [n][k] the
-  // router's choices (the hook may replace them), out [n][hidden] for the
-  // combined output of the routed experts.
-  using MoeHook =
-      std::function<void(int moe_layer, int64_t n, const float* xn, int32_t* experts, float* weights, float* out)>;
+  // One MoE layer (moe_layer: its index among the MoE layers): xn [n][hidden]
+  // the routed experts' input, experts/weights [n][k] the router's choices in
+  // host memory (the hook may replace them), out [n][hidden] for the combined
+  // output of the routed experts. stream null: xn and out are host memory;
+  // else device memory, and the hook queues its work on `stream`.
+  using MoeHook = std::function<void(int moe_layer, int64_t n, const float* xn, int32_t* experts, float* weights,
+                                     float* out, void* stream)>;
   // Engine::forward on the GPU: the logits of the rows with want_logits[i]
   // go to `logits` (host, [rows wanted][vocab], in order).
   virtual void forward(int64_t n, const int32_t* tokens, const int32_t* seqs, const int32_t* pos,
@@ -51,6 +54,8 @@ struct GpuDenseOptions {
   // experts, and the LM head).
   StageClock* clock = nullptr;
   bool sync_stages = false;
+  // The MoE hook takes device rows (MoeDispatcher::forward_device).
+  bool device_moe = false;
 };
 
 // Uploads the dense weights (matrices as bf16; norms, biases, the router and

@@ -189,12 +189,6 @@ class CudaExperts final : public GpuExperts {
   CudaExperts(std::shared_ptr<const ColibriFile> file, const FfnSpec& spec, const ExpertStoreOptions& opts,
               const std::vector<uint64_t>& owned, int64_t max_rows, int rank)
       : file_(std::move(file)), spec_(spec), device_(opts.device), rank_(rank), experts_(file_->config().num_experts) {
-    const int n = cuda::device_count();
-    if (n == 0)
-      throw Error(Status::Unsupported, "rank " + std::to_string(rank) + ": --device cuda, but no CUDA device is visible");
-    if (device_ < 0 || device_ >= n)
-      throw Error(Status::InvalidArgument, "rank " + std::to_string(rank) + ": GPU " + std::to_string(device_) +
-                                               " does not exist (" + std::to_string(n) + " visible)");
     const std::string tier_request = gpu_host_tier_request(opts);
     bool biases = false;
     for (uint64_t k : owned) {
@@ -297,7 +291,7 @@ class CudaExperts final : public GpuExperts {
 
   void compute(int layer, uint64_t now, const float* in, float* out, int64_t rows,
                const std::vector<GpuExpertRows>& experts,
-               const std::vector<std::pair<int64_t, int64_t>>& runs) override {
+               const std::vector<std::pair<int64_t, int64_t>>& runs, bool device_io) override {
     if (!broken_.empty())
       throw Error(Status::Internal, "rank " + std::to_string(rank_) + ": the GPU expert tier is unusable after an earlier error (" +
                                         broken_ + ")");
@@ -308,7 +302,9 @@ class CudaExperts final : public GpuExperts {
     try {
       cuda::set_device(device_);
       const auto& items = planner_->items();
-      bool uploaded = false;
+      bool uploaded = device_io;
+      in_p_ = device_io ? in : in_.as<const float>();
+      out_p_ = device_io ? out : out_.as<float>();
       for (const GpuTierPlanner::Op& op : planner_->ops()) {
         const GpuTierPlanner::Item& it = items[op.item];
         if (op.kind == GpuTierPlanner::Op::Load) {
@@ -323,8 +319,9 @@ class CudaExperts final : public GpuExperts {
         const GpuExpertRows& x = experts[op.item];
         run(it, runs.data() + x.first_run, x.num_runs);
       }
-      cuda::copy_async(out, out_.get(), static_cast<size_t>(rows * spec_.hidden) * 4, cuda::Copy::DeviceToHost,
-                       compute_->get());
+      if (!device_io)
+        cuda::copy_async(out, out_.get(), static_cast<size_t>(rows * spec_.hidden) * 4, cuda::Copy::DeviceToHost,
+                         compute_->get());
       compute_->synchronize();  // every load was waited for by its computation: the copy stream is idle too
     } catch (const std::exception& e) {
       // The policy counts the layer's experts resident, but their slots may not
@@ -394,18 +391,18 @@ class CudaExperts final : public GpuExperts {
     const size_t row = static_cast<size_t>(H) * 4;
     if (nruns == 1) {  // contiguous: in place
       const int64_t at = runs[0].first;
-      runner_->run(w, in_.as<float>() + at * H, runs[0].second, out_.as<float>() + at * H);
+      runner_->run(w, in_p_ + at * H, runs[0].second, out_p_ + at * H);
     } else {
       int64_t g = 0;
       for (uint32_t r = 0; r < nruns; ++r) {
-        cuda::copy_async(xg_.as<float>() + g * H, in_.as<float>() + runs[r].first * H,
+        cuda::copy_async(xg_.as<float>() + g * H, in_p_ + runs[r].first * H,
                          static_cast<size_t>(runs[r].second) * row, cuda::Copy::DeviceToDevice, compute_->get());
         g += runs[r].second;
       }
       runner_->run(w, xg_.as<float>(), g, yg_.as<float>());
       g = 0;
       for (uint32_t r = 0; r < nruns; ++r) {
-        cuda::copy_async(out_.as<float>() + runs[r].first * H, yg_.as<float>() + g * H,
+        cuda::copy_async(out_p_ + runs[r].first * H, yg_.as<float>() + g * H,
                          static_cast<size_t>(runs[r].second) * row, cuda::Copy::DeviceToDevice, compute_->get());
         g += runs[r].second;
       }
@@ -430,6 +427,8 @@ class CudaExperts final : public GpuExperts {
   std::vector<cuda::Event> staged_;        // [buffer] its last copy to the device
   int next_staging_ = 0;
   cuda::DeviceBuffer weights_, in_, out_, xg_, yg_;  // weights_: [device slots][layout_.bytes]
+  const float* in_p_ = nullptr;  // this layer's rows: in_, or the caller's device rows
+  float* out_p_ = nullptr;       // and results: out_, or the caller's device buffer
   std::vector<cuda::Event> loaded_;        // [slot] its last load (copy stream)
   std::vector<cuda::Event> used_;          // [slot] its last computation (compute stream)
   std::unique_ptr<cuda::FfnRunner> runner_;
@@ -439,15 +438,29 @@ class CudaExperts final : public GpuExperts {
 }  // namespace
 #endif
 
+void require_gpu(int device, int rank) {
+  const std::string who = "rank " + std::to_string(rank) + ": --device cuda, but ";
+#ifdef COLIBRI_HAVE_CUDA
+  const int n = cuda::device_count();
+  if (n == 0) throw Error(Status::Unsupported, who + "no CUDA device is visible");
+  if (device < 0 || device >= n)
+    throw Error(Status::InvalidArgument,
+                who + "GPU " + std::to_string(device) + " does not exist (" + std::to_string(n) + " visible)");
+#else
+  (void)device;
+  throw Error(Status::Unsupported, who + "this build has no CUDA (nvcc was not found at configure time)");
+#endif
+}
+
 std::unique_ptr<GpuExperts> make_gpu_experts(std::shared_ptr<const ColibriFile> file, const FfnSpec& spec,
                                              const ExpertStoreOptions& opts, const std::vector<uint64_t>& owned,
                                              int64_t max_rows, int rank) {
+  require_gpu(opts.device, rank);
 #ifdef COLIBRI_HAVE_CUDA
   return std::make_unique<CudaExperts>(std::move(file), spec, opts, owned, max_rows, rank);
 #else
-  (void)file, (void)spec, (void)opts, (void)owned, (void)max_rows;
-  throw Error(Status::Unsupported, "rank " + std::to_string(rank) +
-                                       ": --device cuda, but this build has no CUDA (nvcc was not found at configure time)");
+  (void)file, (void)spec, (void)owned, (void)max_rows;
+  return nullptr;
 #endif
 }
 

@@ -135,16 +135,23 @@ class GpuExperts {
   // One layer: uploads in[rows][hidden] (host), computes every expert listed
   // (distinct, expert ascending) on its rows (one run: in place; several:
   // gathered, computed together, scattered back), downloads out[rows][hidden]
-  // (host) and waits for the device. `now`: the cache's logical clock.
+  // (host) and waits for the device. `now`: the cache's logical clock. With
+  // device_io, in and out are device memory of this GPU (in ready: the caller
+  // synchronised what wrote it) and nothing crosses PCIe.
   virtual void compute(int layer, uint64_t now, const float* in, float* out, int64_t rows,
-                       const std::vector<GpuExpertRows>& experts,
-                       const std::vector<std::pair<int64_t, int64_t>>& runs) = 0;
+                       const std::vector<GpuExpertRows>& experts, const std::vector<std::pair<int64_t, int64_t>>& runs,
+                       bool device_io = false) = 0;
   virtual CacheStats stats() const = 0;
   virtual const char* policy() const = 0;
   virtual size_t slots() const = 0;           // the policy's capacity
   virtual const char* host_tier() const = 0;  // "pinned" or "staging"
   virtual int device() const = 0;
 };
+
+// Checks that GPU `device` can be used by rank `rank` (for --device cuda):
+// throws Error(Unsupported) without CUDA in the build or without a GPU,
+// Error(InvalidArgument) for a GPU that does not exist.
+void require_gpu(int device, int rank);
 
 // `owned`: keys (layer * num_experts + expert); the GPU is opts.device. Throws
 // Error(Unsupported) without CUDA or without a GPU, Error(InvalidArgument) for a

@@ -61,7 +61,8 @@ CacheStats Worker::cache_stats() const { return gpu_ ? gpu_->stats() : store_.st
 const char* Worker::cache_policy() const { return gpu_ ? gpu_->policy() : store_.policy(); }
 size_t Worker::cache_slots() const { return gpu_ ? gpu_->slots() : store_.slots(); }
 
-void Worker::compute(int layer, const uint32_t* counts, const float* in, float* out) {
+void Worker::compute(int layer, const uint32_t* counts, const float* in, float* out, bool device_io) {
+  if (device_io && !gpu_) throw Error(Status::Internal, "a CPU worker was given device rows");
   // Row offsets: source s's block starts after all rows of sources < s; inside
   // it, expert e's rows follow those of experts < e.
   int64_t total = 0;
@@ -129,7 +130,7 @@ void Worker::compute(int layer, const uint32_t* counts, const float* in, float* 
       g += c;
     }
   }
-  if (gpu_) gpu_->compute(layer, tick_, in, out, total, gpu_experts_, gpu_runs_);
+  if (gpu_) gpu_->compute(layer, tick_, in, out, total, gpu_experts_, gpu_runs_, device_io);
 }
 
 }  // namespace colibri

@@ -21,8 +21,9 @@ class Worker {
          const ExpertStoreOptions& store = {});
 
   // counts: [world][num_experts] rows received from each source for each expert;
-  // in, out: [sum(counts)][hidden] in that order (source-major, expert ascending).
-  void compute(int layer, const uint32_t* counts, const float* in, float* out);
+  // in, out: [sum(counts)][hidden] in that order (source-major, expert ascending);
+  // host memory, or with device_io device memory of the worker's GPU (gpu()->device()).
+  void compute(int layer, const uint32_t* counts, const float* in, float* out, bool device_io = false);
 
   ExpertStore& store() { return store_; }
   int rank() const { return rank_; }
