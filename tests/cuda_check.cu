@@ -1,14 +1,16 @@
 // cuda_check.cu: the CUDA kernels checked against CPU references, and their
 // speed, in one standalone program that needs only the CUDA toolkit (the GPU
 // machine lent to some sessions has no Colibri build dependencies):
-//   nvcc -O2 -std=c++17 -arch=sm_90 -I. -Iinclude tests/cuda_check.cu kernels/cuda/ffn.cu -lcublasLt -o cuda_check
+//   nvcc -O2 -std=c++17 -arch=sm_90 -I. -Iinclude tests/cuda_check.cu kernels/cuda/ffn.cu
+//        kernels/cuda/dense.cu -lcublasLt -o cuda_check
 // Also built by CMake when CUDA is found, and run by ctest as `cuda.check`,
 // which exits 77 (skipped) on a machine without a GPU.
 //
 //   cuda_check            the checks (exit 0 all passed, 1 a failure, 77 no GPU)
 //   cuda_check --bench    the checks, then the benchmark table (scripts/gpu_check.sh)
 //
-// Checks (random inputs; the seed is printed; every output element is checked,
+// Checks (tests/cuda_checks.h, shared with the CPU emulation of the kernels,
+// tests/cuda_emu: ctest cuda.emulated.*) (random inputs; the seed is printed; every output element is checked,
 // outputs start as NaN so an unwritten element fails):
 // - Gemm: y = x . w^T for bf16 x, w against a double-precision CPU product of the
 //   same bf16 values, several shapes (1..512 rows); error <= 1e-3 of sum |x w| + 1e-6.
@@ -20,6 +22,29 @@
 // - to_bf16 rounds to nearest even exactly as the CPU (model/dtype.h) does.
 // - Bad calls throw colibri::Error(InvalidArgument): rows over the runner's size,
 //   a null pointer; a DeviceBuffer copy past its end.
+// - Gemm::run with row strides (the pads stay unwritten); Gemm::run_f32 (f32 inputs,
+//   no TF32) within 1e-5 of sum |x w| of a double product, strided and packed.
+// - Dense layers (kernels/cuda/dense.h): add, add_bias, clamp (NaN kept), copy_rows and
+//   embed (f32, f16 with subnormals, bf16 tables) bitwise; rmsnorm (strided, float4
+//   path, per-head in place) and rope (both layouts, rd < head_dim, several heads)
+//   against double references; kv_store bitwise, then attention against a double
+//   softmax: GQA with group 1, 2 and 4, windows (1 and longer), sinks, head dims 32 to
+//   256, three sequences at different positions, decode rows and prefill-like runs of
+//   consecutive positions (2400 (row, head) pairs, so every warp count is used), the
+//   MLA layout (dk 96 / 576 / 1024, dv the latent), a position past the context gives
+//   NaN; route against router.cpp's algorithm (copied here, same float order) for
+//   Mixtral, Qwen2/3, DeepSeek-V3 (sigmoid, score bias, top2_sum groups, scaling),
+//   DeepSeek-V2 (groups max), gpt-oss (topk_softmax), E up to 1024, k up to 32, and
+//   exact ties (lower index wins): experts exactly (a row whose CPU choice was within
+//   2e-6 of a flip is noted, not failed), weights within 5e-6; permute_plan (order,
+//   inverse, offsets exactly a stable counting sort's; empty experts; 16k assignments;
+//   misaligned scratch), permute_rows (and as a k = 1 gather), unpermute_combine
+//   (bitwise the CPU's fma order, overwrite and accumulate); sigmoid_gate.
+// The benchmark adds the dense kernels: route (Mixtral, DeepSeek-V3) at 1, 64 and 8192
+// rows, permute_plan / permute_rows / unpermute_combine at 64 and 8192 rows (hidden
+// 4096, k 8), attention at decode (64 sequences and 1 at 4096, 32 heads, 8 kv heads,
+// hd 128) and prefill (2048 rows), kv_store, rmsnorm, add, sigmoid_gate, rope and embed
+// at 8192 x 4096; medians of timed repetitions.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,209 +59,178 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense.h"
 #include "kernels/cuda/ffn.h"
 #include "model/error.h"
 
 using namespace colibri;
 using namespace colibri::cuda;
 
+#include "tests/cuda_checks.h"  // the checks: check_gemm, check_ffn, check_attention, ...
+
 namespace {
 
-int failures = 0, checks = 0;
+// ---- dense benchmark ---------------------------------------------------------------
 
-#define CHECK(cond, ...)                                    \
-  do {                                                      \
-    ++checks;                                               \
-    if (!(cond)) {                                          \
-      ++failures;                                           \
-      std::printf("FAIL %s:%d: ", __FILE__, __LINE__);      \
-      std::printf(__VA_ARGS__);                             \
-      std::printf("\n");                                    \
-    }                                                       \
-  } while (0)
-
-uint16_t bf16_of(float f) {  // round to nearest even (as model/dtype.h)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-float f32_of(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-std::vector<uint16_t> random_bf16(std::mt19937_64& rng, size_t n, float scale) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = bf16_of(d(rng));
-  return v;
-}
-
-template <class T>
-DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T));
-  b.upload(v.data(), v.size() * sizeof(T));
-  return b;
-}
-
-DeviceBuffer nan_buffer(size_t floats) {
-  std::vector<float> v(floats, std::nanf(""));
-  return upload(v);
-}
-
-template <class F>
-bool throws_invalid(F&& f) {
-  try {
+double median_ms(const std::function<void()>& f, int reps) {
+  cudaEvent_t a, b;
+  COLIBRI_CUDA_CHECK(cudaEventCreate(&a));
+  COLIBRI_CUDA_CHECK(cudaEventCreate(&b));
+  f();  // warm-up
+  COLIBRI_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> t(static_cast<size_t>(reps));
+  for (auto& ms : t) {
+    COLIBRI_CUDA_CHECK(cudaEventRecord(a));
     f();
-  } catch (const Error& e) {
-    return e.status() == Status::InvalidArgument;
+    COLIBRI_CUDA_CHECK(cudaEventRecord(b));
+    COLIBRI_CUDA_CHECK(cudaEventSynchronize(b));
+    COLIBRI_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
   }
-  return false;
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
-void check_to_bf16(std::mt19937_64& rng) {
-  std::normal_distribution<float> d(0.0f, 3.0f);
-  std::vector<float> x(10007);
-  for (auto& v : x) v = d(rng);
-  x[0] = 0.0f, x[1] = -0.0f, x[2] = 1.0f + 1.0f / 256, x[3] = 1.0f + 3.0f / 256, x[4] = 65504.0f, x[5] = 1e-30f;
-  DeviceBuffer dx = upload(x), dy(x.size() * 2);
-  to_bf16(dx.as<float>(), dy.as<uint16_t>(), static_cast<int64_t>(x.size()));
-  synchronize();
-  std::vector<uint16_t> y(x.size());
-  dy.download(y.data(), y.size() * 2);
-  size_t bad = 0;
-  for (size_t i = 0; i < x.size(); ++i) bad += y[i] != bf16_of(x[i]);
-  CHECK(bad == 0, "to_bf16: %zu of %zu elements differ from round-to-nearest-even", bad, x.size());
-}
-
-void check_gemm(std::mt19937_64& rng) {
-  Gemm gemm;
-  const int64_t shapes[][3] = {{1, 256, 128}, {7, 512, 96}, {64, 1024, 384}, {512, 256, 1024}, {3, 4096, 64}};
-  for (const auto& s : shapes) {
-    const int64_t rows = s[0], in = s[1], out = s[2];
-    const auto x = random_bf16(rng, static_cast<size_t>(rows * in), 1.0f);
-    const auto w = random_bf16(rng, static_cast<size_t>(out * in), 1.0f / std::sqrt(static_cast<float>(in)));
-    DeviceBuffer dx = upload(x), dw = upload(w), dy = nan_buffer(static_cast<size_t>(rows * out));
-    gemm.run(dw.as<uint16_t>(), out, in, dx.as<uint16_t>(), rows, dy.as<float>());
-    synchronize();
-    std::vector<float> y(static_cast<size_t>(rows * out));
-    dy.download(y.data(), y.size() * 4);
-    double worst = 0;
-    size_t bad = 0;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < out; ++o) {
-        double ref = 0, mag = 0;
-        for (int64_t k = 0; k < in; ++k) {
-          const double p = static_cast<double>(f32_of(x[r * in + k])) * f32_of(w[o * in + k]);
-          ref += p;
-          mag += std::fabs(p);
-        }
-        const double got = y[static_cast<size_t>(r * out + o)];
-        const double err = std::fabs(got - ref);
-        if (!(err <= 1e-3 * mag + 1e-6)) ++bad;  // NaN (unwritten) fails too
-        worst = std::max(worst, err / (mag + 1e-30));
+void bench_dense() {
+  std::mt19937_64 rng(11);
+  std::printf("\ndense kernels (median of timed reps)\n");
+  std::printf("%-64s %10s %10s\n", "kernel", "ms", "GB/s");
+  auto row = [](const std::string& what, double ms, double bytes) {
+    if (bytes > 0) std::printf("%-64s %10.4f %10.0f\n", what.c_str(), ms, bytes / (ms * 1e-3) / 1e9);
+    else std::printf("%-64s %10.4f %10s\n", what.c_str(), ms, "-");
+  };
+  {  // router
+    const int64_t max_rows = 8192;
+    DeviceBuffer logits = upload(random_f32(rng, static_cast<size_t>(max_rows * 256), 1.0f));
+    DeviceBuffer bias = upload(random_f32(rng, 256, 0.05f));
+    DeviceBuffer ex(static_cast<size_t>(max_rows * 8) * 4), w(static_cast<size_t>(max_rows * 8) * 4);
+    struct R {
+      const char* name;
+      RouteCfg cfg;
+      int64_t E, k;
+      bool bias;
+    } rs[] = {{"mixtral softmax E 8 k 2", {RouteScoring::Softmax, RouteGroups::None, 1, 1, true, 1.0f}, 8, 2, false},
+              {"deepseek-v3 sigmoid top2_sum E 256 k 8",
+               {RouteScoring::Sigmoid, RouteGroups::Top2Sum, 8, 4, true, 2.5f}, 256, 8, true}};
+    for (const auto& r : rs)
+      for (int64_t rows : {1, 64, 8192}) {
+        RouteArgs a = route_args(r.cfg, rows, r.E, r.k);
+        a.logits = logits.as<float>(), a.score_bias = r.bias ? bias.as<float>() : nullptr;
+        a.experts = ex.as<int32_t>(), a.weights = w.as<float>();
+        const double ms = median_ms([&] { route(a, nullptr); }, 50);
+        row(std::string("route ") + r.name + ", rows " + std::to_string(rows), ms,
+            static_cast<double>(rows) * r.E * 4);
       }
-    CHECK(bad == 0, "Gemm %lld x %lld . (%lld x %lld)^T: %zu elements off (worst relative %.3g)", (long long)rows,
-          (long long)in, (long long)out, (long long)in, bad, worst);
   }
-}
-
-// The FFN on the CPU in double, from the same bf16 weights; x and h rounded to
-// bf16 as the GPU rounds them.
-std::vector<double> cpu_ffn(const FfnShape& s, const std::vector<uint16_t>& gate_up, const std::vector<uint16_t>& down,
-                            const std::vector<float>* biases, const std::vector<float>& x, int64_t rows) {
-  const int64_t H = s.hidden, I = s.inter;
-  std::vector<double> y(static_cast<size_t>(rows * H));
-  std::vector<float> h(static_cast<size_t>(I));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < I; ++i) {
-      double g = 0, u = 0;
-      for (int64_t k = 0; k < H; ++k) {
-        const double xv = f32_of(bf16_of(x[r * H + k]));
-        g += xv * f32_of(gate_up[i * H + k]);
-        u += xv * f32_of(gate_up[(I + i) * H + k]);
-      }
-      float gf = static_cast<float>(g), uf = static_cast<float>(u), v;
-      if (biases) gf += (*biases)[i], uf += (*biases)[I + i];
-      if (s.oai) {
-        const float gv = std::min(gf, s.limit), uv = std::clamp(uf, -s.limit, s.limit);
-        v = (uv + 1.0f) * (gv / (1.0f + std::exp(-(gv * s.alpha))));
-      } else {
-        v = gf / (1.0f + std::exp(-gf)) * uf;
-      }
-      h[i] = f32_of(bf16_of(v));
-    }
-    for (int64_t o = 0; o < H; ++o) {
-      double acc = 0;
-      for (int64_t i = 0; i < I; ++i) acc += static_cast<double>(h[i]) * f32_of(down[o * I + i]);
-      if (biases) acc += (*biases)[2 * I + o];
-      y[static_cast<size_t>(r * H + o)] = acc;
+  {  // permute_plan + permute_rows + unpermute_combine
+    const int64_t hidden = 4096, k = 8, E = 256, max_rows = 8192, n = max_rows * k;
+    std::vector<int32_t> exv(static_cast<size_t>(n));
+    std::uniform_int_distribution<int32_t> ed(0, static_cast<int32_t>(E - 1));
+    for (auto& e : exv) e = ed(rng);
+    DeviceBuffer ex = upload(exv), order(static_cast<size_t>(n) * 4), inv(static_cast<size_t>(n) * 4),
+                 off(static_cast<size_t>(E + 1) * 4), scratch(permute_scratch_bytes(n, E));
+    DeviceBuffer w = upload(random_f32(rng, static_cast<size_t>(n), 0.1f));
+    DeviceBuffer x(static_cast<size_t>(max_rows * hidden) * 4), y(static_cast<size_t>(max_rows * hidden) * 4);
+    DeviceBuffer xp(static_cast<size_t>(n * hidden) * 4);
+    COLIBRI_CUDA_CHECK(cudaMemset(x.get(), 0, x.bytes()));
+    COLIBRI_CUDA_CHECK(cudaMemset(xp.get(), 0, xp.bytes()));
+    for (int64_t rows : {64, 8192}) {
+      const double plan_ms = median_ms(
+          [&] {
+            permute_plan(ex.as<int32_t>(), rows, k, E, order.as<int32_t>(), inv.as<int32_t>(), off.as<int32_t>(),
+                         scratch.get(), scratch.bytes(), nullptr);
+          },
+          20);
+      const double rows_ms = median_ms(
+          [&] { permute_rows(x.as<float>(), hidden, order.as<int32_t>(), rows, k, hidden, xp.as<float>(), nullptr); },
+          20);
+      const double comb_ms = median_ms(
+          [&] {
+            unpermute_combine(xp.as<float>(), inv.as<int32_t>(), w.as<float>(), rows, k, hidden, y.as<float>(), false,
+                              nullptr);
+          },
+          20);
+      const double moved = static_cast<double>(rows) * k * hidden * 4;  // the permuted rows, each way
+      const std::string tag = " (rows " + std::to_string(rows) + ", k 8, E 256, hidden 4096)";
+      row("permute_plan" + tag, plan_ms, 0);
+      row("permute_rows" + tag, rows_ms, moved + static_cast<double>(rows) * hidden * 4);
+      row("unpermute_combine" + tag, comb_ms, moved + static_cast<double>(rows) * hidden * 4);
+      row("  the three" + tag, plan_ms + rows_ms + comb_ms, 0);
     }
   }
-  return y;
-}
-
-const void* x_dummy() {
-  static std::vector<char> v(1 << 20);
-  return v.data();
-}
-
-// offset: the rows start this many rows into their buffers (x and y then need
-// not be 256-byte aligned: hidden 200 puts them 800 bytes in).
-void check_ffn(std::mt19937_64& rng, bool oai, int64_t hidden = 256, int64_t inter = 384, int64_t offset = 0) {
-  FfnShape s;
-  s.hidden = hidden, s.inter = inter, s.oai = oai;
-  const PackedFfnLayout l = PackedFfnLayout::of(s, oai);
-  const int64_t H = s.hidden, I = s.inter;
-  const auto gate_up = random_bf16(rng, static_cast<size_t>(2 * I * H), 2.0f / std::sqrt(static_cast<float>(H)));
-  const auto down = random_bf16(rng, static_cast<size_t>(H * I), 1.0f / std::sqrt(static_cast<float>(I)));
-  std::vector<float> biases;
-  std::normal_distribution<float> d(0.0f, 0.5f);
-  if (oai)
-    for (int64_t i = 0; i < 2 * I + H; ++i) biases.push_back(d(rng));
-  // The packed block, built here (the library's pack_ffn is tested on the CPU).
-  std::vector<char> block(l.bytes, 0);
-  std::memcpy(block.data() + l.gate_up, gate_up.data(), gate_up.size() * 2);
-  std::memcpy(block.data() + l.down, down.data(), down.size() * 2);
-  if (oai) {
-    std::memcpy(block.data() + l.gate_bias, biases.data(), static_cast<size_t>(I) * 4);
-    std::memcpy(block.data() + l.up_bias, biases.data() + I, static_cast<size_t>(I) * 4);
-    std::memcpy(block.data() + l.down_bias, biases.data() + 2 * I, static_cast<size_t>(H) * 4);
+  {  // decode attention: 64 sequences at position 4095, 32 heads, 8 kv heads, head dim 128
+    const int64_t rows = 64, nh = 32, nkv = 8, hd = 128, ctx = 4096, KV = nkv * hd;
+    DeviceBuffer kc(static_cast<size_t>(rows * ctx * KV) * 4), vc(static_cast<size_t>(rows * ctx * KV) * 4);
+    COLIBRI_CUDA_CHECK(cudaMemset(kc.get(), 0x3c, kc.bytes()));  // 0x3c3c3c3c: about 0.0115
+    COLIBRI_CUDA_CHECK(cudaMemset(vc.get(), 0x3c, vc.bytes()));
+    DeviceBuffer q = upload(random_f32(rng, static_cast<size_t>(rows * nh * hd), 1.0f));
+    DeviceBuffer out(static_cast<size_t>(rows * nh * hd) * 4);
+    std::vector<int32_t> sv(static_cast<size_t>(rows)), pv(static_cast<size_t>(rows), static_cast<int32_t>(ctx - 1));
+    for (int64_t r = 0; r < rows; ++r) sv[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+    DeviceBuffer ds = upload(sv), dp = upload(pv);
+    AttentionArgs a;
+    a.q = q.as<float>(), a.ldq = nh * hd, a.q_head_stride = hd;
+    a.k = kc.as<float>(), a.v = vc.as<float>(), a.k_stride = KV, a.v_stride = KV, a.max_ctx = ctx;
+    a.k_head_offset = hd, a.v_head_offset = hd, a.heads = nh, a.group = nh / nkv, a.dk = hd, a.dv = hd;
+    a.seqs = ds.as<int32_t>(), a.pos = dp.as<int32_t>(), a.rows = rows, a.scale = 0.088f;
+    a.out = out.as<float>(), a.ldo = nh * hd, a.o_head_stride = hd;
+    const double ms = median_ms([&] { attention(a, nullptr); }, 10);
+    row("attention decode (64 seqs x ctx 4096, 32/8 heads, hd 128)", ms, 2.0 * rows * ctx * KV * 4);
+    a.rows = 1;
+    const double ms1 = median_ms([&] { attention(a, nullptr); }, 10);
+    row("attention decode (1 seq x ctx 4096, 32/8 heads, hd 128)", ms1, 2.0 * ctx * KV * 4);
+    // Prefill: one sequence's positions 0..2047 as rows (causal), the cache rows of sequence 0.
+    const int64_t prows = 2048;
+    std::vector<int32_t> ps(static_cast<size_t>(prows), 0), pp(static_cast<size_t>(prows));
+    for (int64_t r = 0; r < prows; ++r) pp[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+    DeviceBuffer dps = upload(ps), dpp = upload(pp);
+    DeviceBuffer pq = upload(random_f32(rng, static_cast<size_t>(prows * nh * hd), 1.0f));
+    DeviceBuffer pout(static_cast<size_t>(prows * nh * hd) * 4);
+    a.q = pq.as<float>(), a.out = pout.as<float>(), a.seqs = dps.as<int32_t>(), a.pos = dpp.as<int32_t>(), a.rows = prows;
+    const double pms = median_ms([&] { attention(a, nullptr); }, 3);
+    row("attention prefill (2048 rows at 0..2047, 32/8 heads, hd 128)", pms, 0);
+    // kv_store of 8192 rows of K (8 kv heads x 128) into the cache.
+    const int64_t srows = 2048;
+    DeviceBuffer src = upload(random_f32(rng, static_cast<size_t>(srows * KV), 1.0f));
+    const double kms = median_ms(
+        [&] { kv_store(src.as<float>(), KV, srows, KV, kc.as<float>(), ctx, dps.as<int32_t>(), dpp.as<int32_t>(), nullptr); },
+        20);
+    row("kv_store (2048 rows of 1024)", kms, 2.0 * srows * KV * 4);
   }
-  DeviceBuffer dw = upload(block);
-  const DeviceFfn w = DeviceFfn::at(dw.get(), l);
-  FfnRunner runner(s, 64);
-  for (int64_t rows : {1, 3, 16, 64}) {
-    std::vector<float> x(static_cast<size_t>(rows * H));
-    for (auto& v : x) v = d(rng) * 2.0f;
-    std::vector<float> xo(static_cast<size_t>(offset * H), 0.0f);
-    xo.insert(xo.end(), x.begin(), x.end());
-    DeviceBuffer dx = upload(xo), dy = nan_buffer(static_cast<size_t>((rows + offset) * H));
-    runner.run(w, dx.as<float>() + offset * H, rows, dy.as<float>() + offset * H);
-    synchronize();
-    std::vector<float> y(static_cast<size_t>(rows * H));
-    dy.download(y.data(), y.size() * 4, static_cast<size_t>(offset * H) * 4);
-    const auto ref = cpu_ffn(s, gate_up, down, oai ? &biases : nullptr, x, rows);
-    double peak = 0, worst = 0;
-    for (double v : ref) peak = std::max(peak, std::fabs(v));
-    size_t bad = 0;
-    for (size_t i = 0; i < y.size(); ++i) {
-      const double err = std::fabs(y[i] - ref[i]);
-      if (!(err <= 2e-3 * peak + 1e-5)) ++bad;
-      worst = std::max(worst, err);
-    }
-    CHECK(bad == 0, "FFN (%s, hidden %lld, inter %lld, offset %lld rows) rows %lld: %zu of %zu elements off (worst %.3g, "
-          "max |y| %.3g)", oai ? "oai" : "silu", (long long)H, (long long)I, (long long)offset, (long long)rows, bad,
-          y.size(), worst, peak);
+  {  // element-wise and small kernels at 8192 x 4096
+    const int64_t rows = 8192, H = 4096, nh = 32, hd = 128;
+    DeviceBuffer x = upload(random_f32(rng, static_cast<size_t>(rows * H), 1.0f)), y(static_cast<size_t>(rows * H) * 4);
+    DeviceBuffer w = upload(random_f32(rng, static_cast<size_t>(H), 0.02f));
+    COLIBRI_CUDA_CHECK(cudaMemset(y.get(), 0, y.bytes()));
+    const double bytes = static_cast<double>(rows) * H * 4;
+    row("add 8192 x 4096", median_ms([&] { add(y.as<float>(), x.as<float>(), rows * H, nullptr); }, 20), 3 * bytes);
+    row("sigmoid_gate 8192 x 4096",
+        median_ms([&] { sigmoid_gate(x.as<float>(), w.as<float>(), y.as<float>(), rows, H, nullptr); }, 20), 3 * bytes);
+    std::vector<float> cs(static_cast<size_t>(rows * hd / 2), 0.5f);
+    std::vector<int32_t> pv(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) pv[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+    DeviceBuffer dc = upload(cs), dp = upload(pv);
+    for (int64_t n : {64, 8192})
+      row("rope " + std::to_string(n) + " rows x 32 heads x 128",
+          median_ms([&] { rope(y.as<float>(), n, H, nh, hd, hd, false, dc.as<float>(), dc.as<float>(), dp.as<int32_t>(), nullptr); },
+                    20),
+          2.0 * n * H * 4);
+    std::vector<int32_t> tok(static_cast<size_t>(rows));
+    std::uniform_int_distribution<int32_t> td(0, 4095);
+    for (auto& t : tok) t = td(rng);
+    DeviceBuffer dt = upload(tok), table(static_cast<size_t>(4096 * H) * 2);
+    COLIBRI_CUDA_CHECK(cudaMemset(table.get(), 0x3c, table.bytes()));
+    row("embed 8192 rows x 4096 (bf16 table)",
+        median_ms([&] { embed(table.get(), 2, dt.as<int32_t>(), rows, H, y.as<float>(), nullptr); }, 20), 1.5 * bytes);
   }
-  CHECK(throws_invalid([&] { runner.run(w, nullptr, 65, nullptr); }), "FfnRunner accepted 65 rows (sized for 64)");
-  DeviceBuffer dx(static_cast<size_t>(H) * 4), dy(static_cast<size_t>(H) * 4);
-  CHECK(throws_invalid([&] { runner.run(w, nullptr, 1, dy.as<float>()); }), "FfnRunner accepted a null input");
-  CHECK(throws_invalid([&] { dx.upload(x_dummy(), static_cast<size_t>(H) * 4 + 4); }), "upload past the end accepted");
+  {  // rmsnorm 8192 x 4096
+    const int64_t rows = 8192, n = 4096;
+    DeviceBuffer x = upload(random_f32(rng, static_cast<size_t>(rows * n), 1.0f)), y(static_cast<size_t>(rows * n) * 4);
+    DeviceBuffer w = upload(random_f32(rng, static_cast<size_t>(n), 0.1f, 1.0f));
+    const double ms = median_ms([&] { rmsnorm(x.as<float>(), n, w.as<float>(), y.as<float>(), n, rows, n, 1e-6f, nullptr); }, 20);
+    row("rmsnorm 8192 x 4096", ms, 2.0 * rows * n * 4);
+  }
 }
 
 // ---- benchmark ------------------------------------------------------------------
@@ -323,7 +317,6 @@ void bench() {
   std::printf("\nexpert load host -> device (%.0f MB): pinned %.1f GB/s, pageable %.1f GB/s\n", l.bytes / 1e6,
               l.bytes / (h2d_ms * 1e-3) / 1e9, l.bytes / (pg_ms * 1e-3) / 1e9);
   cudaFreeHost(pinned);
-  std::printf("not measured yet: router and permute kernels (not written)\n");
 }
 
 }  // namespace
@@ -344,6 +337,15 @@ int main(int argc, char** argv) {
     check_ffn(rng, false);
     check_ffn(rng, true);
     check_ffn(rng, false, 200, 136, 1);  // rows inside a block: x, y 800 bytes past 256-byte alignment
+    check_gemm_strided(rng);
+    check_elementwise(rng);
+    check_rmsnorm(rng);
+    check_rope(rng);
+    check_embed(rng);
+    check_attention(rng);
+    check_route(rng);
+    check_permute(rng);
+    check_sigmoid_gate(rng);
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;
@@ -353,6 +355,7 @@ int main(int argc, char** argv) {
   if (do_bench) {
     try {
       bench();
+      bench_dense();
     } catch (const std::exception& e) {
       std::printf("benchmark failed: %s\n", e.what());
       return 1;
