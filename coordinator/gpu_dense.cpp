@@ -391,8 +391,7 @@ class CudaDense final : public GpuDense {
     // Absorbed queries [lat_q (R) | rotary q (rd)] per head: lat_q[h] = W_uk[h]^T q_nope[h].
     float* qcat = qcat_.as<float>();
     cuda::to_bf16(q, xb(), n * Q_, s_);
-    for (int64_t h = 0; h < nh; ++h)
-      gemm_->run(w.wk_b.p() + h * R * nope, R, nope, xb() + h * hd, n, qcat + h * KW_, Q_, nh * KW_);
+    gemm_->run_batched(w.wk_b.p(), R * nope, R, nope, xb(), hd, n, qcat, KW_, nh, Q_, nh * KW_);  // one per head
     cuda::copy_rows(q + nope, hd, qcat + R, KW_, n * nh, rd, s_);
     cuda::AttentionArgs a;
     a.q = qcat, a.ldq = nh * KW_, a.q_head_stride = KW_;
@@ -403,8 +402,7 @@ class CudaDense final : public GpuDense {
     cuda::attention(a, s_);
     // Values: out[h] = W_uv[h] (sum_t p_t latent_t).
     cuda::to_bf16(lat_o_.as<float>(), xb(), n * LQ, s_);
-    for (int64_t h = 0; h < nh; ++h)
-      gemm_->run(w.wv_b.p() + h * vd * R, vd, R, xb() + h * R, n, att_.as<float>() + h * vd, LQ, ATT_);
+    gemm_->run_batched(w.wv_b.p(), vd * R, vd, R, xb(), R, n, att_.as<float>(), vd, nh, LQ, ATT_);  // one per head
     linear(att_.as<float>(), n, w.wo, tmp());
     if (w.bo.get()) cuda::add_bias(tmp(), n, H, H, fptr(w.bo), s_);
   }

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -988,6 +989,38 @@ void check_gemm_strided(std::mt19937_64& rng) {
     CHECK(bad == 0, "Gemm::run_f32 %lld x %lld . (%lld x %lld)^T (ldx %lld, ldy %lld): %zu elements off (worst "
           "relative %.3g)", (long long)rows, (long long)in, (long long)out, (long long)in, (long long)ldx,
           (long long)ldy, bad, worst);
+  }
+  // Strided batches, as MLA uses them: per head, the weights one after another,
+  // x and y interleaved by head within each row (odd strides: alignment 2 bytes).
+  for (const auto& s : {std::array<int64_t, 5>{5, 24, 16, 3, 26}, std::array<int64_t, 5>{1, 64, 32, 4, 67}}) {
+    const int64_t rows = s[0], in = s[1], out = s[2], batch = s[3], xs = s[4];
+    const int64_t ldx = batch * xs, ys = out + 3, ldy = batch * ys;
+    const auto x = random_bf16(rng, static_cast<size_t>(rows * ldx), 1.0f);
+    const auto w = random_bf16(rng, static_cast<size_t>(batch * out * in), 0.1f);
+    DeviceBuffer dx = upload(x), dw = upload(w), dy = nan_buffer(static_cast<size_t>(rows * ldy));
+    gemm.run_batched(dw.as<uint16_t>(), out * in, out, in, dx.as<uint16_t>(), xs, rows, dy.as<float>(), ys, batch, ldx,
+                     ldy);
+    synchronize();
+    const auto y = download<float>(dy, static_cast<size_t>(rows * ldy));
+    size_t bad = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t o = 0; o < ys; ++o) {
+          const float got = y[static_cast<size_t>(r * ldy + b * ys + o)];
+          if (o >= out) {  // the gap between heads is not written
+            if (!std::isnan(got)) ++bad;
+            continue;
+          }
+          double ref = 0, mag = 0;
+          for (int64_t k = 0; k < in; ++k) {
+            const double p =
+                static_cast<double>(f32_of(x[r * ldx + b * xs + k])) * f32_of(w[(b * out + o) * in + k]);
+            ref += p, mag += std::fabs(p);
+          }
+          if (!(std::fabs(got - ref) <= 1e-3 * mag + 1e-6)) ++bad;
+        }
+    CHECK(bad == 0, "Gemm::run_batched %lld x %lld by %lld heads of %lld x %lld: %zu elements off", (long long)rows,
+          (long long)in, (long long)batch, (long long)out, (long long)in, bad);
   }
   CHECK(throws_invalid([&] { gemm.run_f32(nullptr, 8, 16, nullptr, 1, nullptr, 8, 0); }), "run_f32 accepted ldx < in");
   CHECK(throws_invalid([&] { gemm.run(nullptr, 8, 16, nullptr, 1, nullptr, 0, 4); }), "Gemm::run accepted ldy < out");

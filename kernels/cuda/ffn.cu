@@ -2,6 +2,8 @@
 // activation kernels, and the CUDA error checks.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <tuple>
@@ -135,7 +137,9 @@ struct Gemm::Impl {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t>;
+  // Batched products add (batch, w, x and y strides) to the key.
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t, int64_t, int64_t,
+                         int64_t, int64_t>;
   std::map<Key, Plan> plans;
 
   ~Impl() {
@@ -152,9 +156,12 @@ struct Gemm::Impl {
 
   // f32: f32 inputs (the descriptor's compute type is CUBLAS_COMPUTE_32F for
   // both, which never uses TF32); else bf16 inputs. The output is f32 either way.
+  struct Batch {
+    int64_t count = 1, w = 0, x = 0, y = 0;  // products and their strides in elements
+  };
   const Plan& plan(int64_t out, int64_t in, int64_t rows, int64_t ldx, int64_t ldy, bool f32, uint32_t aw,
-                   uint32_t ax, uint32_t ay) {
-    const Key key{out, in, rows, ldx, ldy, f32 ? 1 : 0, aw, ax, ay};
+                   uint32_t ax, uint32_t ay, const Batch& bt) {
+    const Key key{out, in, rows, ldx, ldy, f32 ? 1 : 0, aw, ax, ay, bt.count, bt.w, bt.x, bt.y};
     auto it = plans.find(key);
     if (it != plans.end()) return it->second;
     // Column-major view: D[out x rows] = op(A)[out x in] . B[in x rows], where A is
@@ -176,6 +183,15 @@ struct Gemm::Impl {
     COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_type, in, out, in));
     COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, in, rows, ldx));
     COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, out, rows, ldy));
+    if (bt.count > 1) {
+      const int32_t count = static_cast<int32_t>(bt.count);
+      const std::pair<cublasLtMatrixLayout_t, int64_t> strided[] = {{p.a, bt.w}, {p.b, bt.x}, {p.c, bt.y}};
+      for (const auto& [l, stride] : strided) {
+        COLIBRI_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        COLIBRI_CUBLAS_CHECK(
+            cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+      }
+    }
     const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aw}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, ax},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ay}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ay}};
@@ -195,7 +211,7 @@ struct Gemm::Impl {
   }
 
   void run(const void* w, int64_t out, int64_t in, const void* x, int64_t rows, float* y, int64_t ldx, int64_t ldy,
-           bool f32) {
+           bool f32, const Batch& bt) {
     const char* what = f32 ? "GEMM (f32)" : "GEMM";
     if (out < 1 || in < 1 || rows < 0)
       throw Error(Status::InvalidArgument, std::string(what) + ": shape must be positive");
@@ -207,7 +223,17 @@ struct Gemm::Impl {
                                                std::to_string(out));
     if (rows == 0) return;
     if (!w || !x || !y) throw Error(Status::InvalidArgument, std::string(what) + ": null device pointer");
-    const auto& p = plan(out, in, rows, ldx, ldy, f32, alignment(w), alignment(x), alignment(y));
+    if (bt.count < 1 || bt.count > INT32_MAX || bt.w < 0 || bt.x < 0 || bt.y < 0)
+      throw Error(Status::InvalidArgument, std::string(what) + ": bad batch");
+    // NOTE: every product of a batch must be as aligned as promised: its pointer's
+    // alignment is the base's and the stride's, whichever is smaller.
+    const size_t es = f32 ? 4 : 2;
+    const auto al = [&](const void* ptr, int64_t stride, size_t bytes) {
+      uint32_t a = alignment(ptr);
+      if (bt.count > 1) a = std::min(a, alignment(reinterpret_cast<const void*>(static_cast<uintptr_t>(stride) * bytes)));
+      return a;
+    };
+    const auto& p = plan(out, in, rows, ldx, ldy, f32, al(w, bt.w, es), al(x, bt.x, es), al(y, bt.y, 4), bt);
     const float alpha = 1.0f, beta = 0.0f;
     COLIBRI_CUBLAS_CHECK(cublasLtMatmul(handle, op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
                                         workspace, workspace_bytes, stream));
@@ -240,12 +266,18 @@ Gemm::~Gemm() = default;
 
 void Gemm::run(const uint16_t* w, int64_t out, int64_t in, const uint16_t* x, int64_t rows, float* y, int64_t ldx,
                int64_t ldy) {
-  impl_->run(w, out, in, x, rows, y, ldx, ldy, false);
+  impl_->run(w, out, in, x, rows, y, ldx, ldy, false, {1, 0, 0, 0});
 }
 
 void Gemm::run_f32(const float* w, int64_t out, int64_t in, const float* x, int64_t rows, float* y, int64_t ldx,
                    int64_t ldy) {
-  impl_->run(w, out, in, x, rows, y, ldx, ldy, true);
+  impl_->run(w, out, in, x, rows, y, ldx, ldy, true, {1, 0, 0, 0});
+}
+
+void Gemm::run_batched(const uint16_t* w, int64_t w_stride, int64_t out, int64_t in, const uint16_t* x,
+                       int64_t x_stride, int64_t rows, float* y, int64_t y_stride, int64_t batch, int64_t ldx,
+                       int64_t ldy) {
+  impl_->run(w, out, in, x, rows, y, ldx, ldy, false, {batch, w_stride, x_stride, y_stride});
 }
 
 // ---- the FFN -----------------------------------------------------------------------

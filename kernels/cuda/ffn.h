@@ -57,6 +57,11 @@ class Gemm {
   // TF32): for the router, whose choices should not move with bf16 rounding.
   void run_f32(const float* w, int64_t out, int64_t in, const float* x, int64_t rows, float* y, int64_t ldx = 0,
                int64_t ldy = 0);
+  // `batch` such products in one call (strided batched): product b takes
+  // w + b * w_stride, x + b * x_stride and writes y + b * y_stride (strides in
+  // elements), e.g. one per attention head (MLA's absorbed query and value).
+  void run_batched(const uint16_t* w, int64_t w_stride, int64_t out, int64_t in, const uint16_t* x, int64_t x_stride,
+                   int64_t rows, float* y, int64_t y_stride, int64_t batch, int64_t ldx = 0, int64_t ldy = 0);
 
  private:
   struct Impl;

@@ -8,7 +8,8 @@
 // with op(A) m x k, op(B) k x n, D m x n, each matrix `ld` elements per column,
 // checked like cuBLASLt checks them (shapes agree, ld >= rows, C and D the same
 // layout when they are one buffer, pointers at least as aligned as promised, the
-// workspace), and every operand inside a device allocation (else it aborts).
+// workspace), and every operand inside a device allocation (else it aborts);
+// strided batches (BATCH_COUNT, STRIDED_BATCH_OFFSET) as that many GEMMs.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -67,6 +68,17 @@ struct cublasLtMatrixLayoutOpaque_t {
   cudaDataType_t type;
   uint64_t rows, cols;
   int64_t ld;
+  int32_t batch = 1;         // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT
+  int64_t batch_stride = 0;  // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, in elements
+};
+enum cublasLtMatrixLayoutAttribute_t {
+  CUBLASLT_MATRIX_LAYOUT_TYPE = 0,
+  CUBLASLT_MATRIX_LAYOUT_ORDER = 1,
+  CUBLASLT_MATRIX_LAYOUT_ROWS = 2,
+  CUBLASLT_MATRIX_LAYOUT_COLS = 3,
+  CUBLASLT_MATRIX_LAYOUT_LD = 4,
+  CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,
+  CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6,
 };
 struct cublasLtMatmulPreferenceOpaque_t {
   uint64_t max_workspace = 0;
@@ -152,6 +164,22 @@ inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cuda
   *l = new cublasLtMatrixLayoutOpaque_t{type, rows, cols, ld};
   return CUBLAS_STATUS_SUCCESS;
 }
+// Only the batch attributes (int32 count, int64 stride), with cuBLASLt's size checks.
+inline cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+                                                       const void* buf, size_t size) {
+  if (!l || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+  if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) {
+    if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    std::memcpy(&l->batch, buf, size);
+    return l->batch >= 1 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (attr == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET) {
+    if (size != sizeof(int64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    std::memcpy(&l->batch_stride, buf, size);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_NOT_SUPPORTED;  // not emulated
+}
 inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
   delete l;
   return CUBLAS_STATUS_SUCCESS;
@@ -207,7 +235,8 @@ inline float load(const void* p, cudaDataType_t t, size_t i) {
 // The bytes a column-major rows x cols matrix with leading dimension ld spans.
 inline size_t span_bytes(const cublasLtMatrixLayoutOpaque_t& l) {
   if (!l.rows || !l.cols) return 0;
-  return ((l.cols - 1) * static_cast<size_t>(l.ld) + l.rows) * type_bytes(l.type);
+  return ((l.batch - 1) * static_cast<size_t>(l.batch_stride) + (l.cols - 1) * static_cast<size_t>(l.ld) + l.rows) *
+         type_bytes(l.type);
 }
 inline uint32_t align_of(const void* p) {
   const uintptr_t v = reinterpret_cast<uintptr_t>(p);
@@ -257,6 +286,10 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op
   for (const auto* l : {&la, &lb, &lc, &ld})
     if (l->ld < 1 || static_cast<uint64_t>(l->ld) < l->rows) return CUBLAS_STATUS_INVALID_VALUE;
   if (C == D && (lc.type != ld.type || lc.ld != ld.ld)) return CUBLAS_STATUS_INVALID_VALUE;
+  // Batched: every layout the same count (cuBLASLt also broadcasts a count of 1; not needed here).
+  const int32_t batches = ld.batch;
+  for (const auto* l : {&la, &lb, &lc})
+    if (l->batch != batches) return CUBLAS_STATUS_INVALID_VALUE;
   if (algo) {
     if (algo->data[0] != 1) return CUBLAS_STATUS_INVALID_VALUE;  // not from the heuristic
     const void* ptrs[4] = {A, B, C, D};
@@ -275,25 +308,33 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op
   if (be != 0.0f) emu::require_device(C, emu::span_bytes(lc), "cublasLtMatmul C");
   emu::require_device(D, emu::span_bytes(ld), "cublasLtMatmul D");
   // Runs in stream order (the descriptors and scalars are taken now, as cuBLASLt does).
+  const void *A0 = A, *B0 = B, *C0 = C;
+  void* D0 = D;
   emu::enqueue(stream, [=] {
-    // op(A) as [m][k] and op(B) as [n][k], in f32 (exact for bf16 and f16).
-    std::vector<float> a(m * k), b(n * k);
-    for (uint64_t i = 0; i < m; ++i)
-      for (uint64_t p = 0; p < k; ++p) a[i * k + p] = emu::load(A, la.type, ta ? p + i * la.ld : i + p * la.ld);
-    for (uint64_t j = 0; j < n; ++j)
-      for (uint64_t p = 0; p < k; ++p) b[j * k + p] = emu::load(B, lb.type, tb ? j + p * lb.ld : p + j * lb.ld);
-    float* d = static_cast<float*>(D);
-    const float* c = static_cast<const float*>(C);
-    for (uint64_t j = 0; j < n; ++j)
-      for (uint64_t i = 0; i < m; ++i) {
-        float acc = 0.0f;
-        const float* x = &a[i * k];
-        const float* y = &b[j * k];
-        for (uint64_t p = 0; p < k; ++p) acc += x[p] * y[p];
-        float v = al * acc;
-        if (be != 0.0f) v += be * c[i + j * lc.ld];
-        d[i + j * ld.ld] = v;
-      }
+    for (int32_t bi = 0; bi < batches; ++bi) {
+      const void* A = static_cast<const char*>(A0) + bi * la.batch_stride * emu::type_bytes(la.type);
+      const void* B = static_cast<const char*>(B0) + bi * lb.batch_stride * emu::type_bytes(lb.type);
+      const void* C = C0 ? static_cast<const char*>(C0) + bi * lc.batch_stride * 4 : nullptr;
+      void* D = static_cast<char*>(D0) + bi * ld.batch_stride * 4;
+      // op(A) as [m][k] and op(B) as [n][k], in f32 (exact for bf16 and f16).
+      std::vector<float> a(m * k), b(n * k);
+      for (uint64_t i = 0; i < m; ++i)
+        for (uint64_t p = 0; p < k; ++p) a[i * k + p] = emu::load(A, la.type, ta ? p + i * la.ld : i + p * la.ld);
+      for (uint64_t j = 0; j < n; ++j)
+        for (uint64_t p = 0; p < k; ++p) b[j * k + p] = emu::load(B, lb.type, tb ? j + p * lb.ld : p + j * lb.ld);
+      float* d = static_cast<float*>(D);
+      const float* c = static_cast<const float*>(C);
+      for (uint64_t j = 0; j < n; ++j)
+        for (uint64_t i = 0; i < m; ++i) {
+          float acc = 0.0f;
+          const float* x = &a[i * k];
+          const float* y = &b[j * k];
+          for (uint64_t p = 0; p < k; ++p) acc += x[p] * y[p];
+          float v = al * acc;
+          if (be != 0.0f) v += be * c[i + j * lc.ld];
+          d[i + j * ld.ld] = v;
+        }
+    }
   });
   return CUBLAS_STATUS_SUCCESS;
 }
