@@ -332,20 +332,8 @@ int main(int argc, char** argv) {
   std::printf("cuda_check: %d device(s), seed %llu\n", n, (unsigned long long)seed);
   std::mt19937_64 rng(seed);
   try {
-    check_to_bf16(rng);
-    check_gemm(rng);
-    check_ffn(rng, false);
-    check_ffn(rng, true);
-    check_ffn(rng, false, 200, 136, 1);  // rows inside a block: x, y 800 bytes past 256-byte alignment
-    check_gemm_strided(rng);
-    check_elementwise(rng);
-    check_rmsnorm(rng);
-    check_rope(rng);
-    check_embed(rng);
-    check_attention(rng);
-    check_route(rng);
-    check_permute(rng);
-    check_sigmoid_gate(rng);
+    check_ffn_kernels(rng);
+    check_dense_kernels(rng);
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;

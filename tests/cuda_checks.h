@@ -1026,4 +1026,25 @@ void check_gemm_strided(std::mt19937_64& rng) {
   CHECK(throws_invalid([&] { gemm.run(nullptr, 8, 16, nullptr, 1, nullptr, 0, 4); }), "Gemm::run accepted ldy < out");
 }
 
+// The checks of the expert FFN's pieces and of the dense kernels, as cuda_check
+// (on a GPU) and cuda_emu_check (on the CPU emulator) run them.
+void check_ffn_kernels(std::mt19937_64& rng) {
+  check_to_bf16(rng);
+  check_gemm(rng);
+  check_ffn(rng, false);
+  check_ffn(rng, true);
+  check_ffn(rng, false, 200, 136, 1);  // rows inside a block: x, y 800 bytes past 256-byte alignment
+  check_gemm_strided(rng);
+}
+void check_dense_kernels(std::mt19937_64& rng) {
+  check_elementwise(rng);
+  check_rmsnorm(rng);
+  check_rope(rng);
+  check_embed(rng);
+  check_attention(rng);
+  check_route(rng);
+  check_permute(rng);
+  check_sigmoid_gate(rng);
+}
+
 }  // namespace

@@ -75,6 +75,14 @@ struct Fixture {
   }
 };
 
+// The fixtures whose experts are stored unquantised (not the mxfp4 ones).
+inline std::vector<std::string> unquantised_fixtures() {
+  std::vector<std::string> v;
+  for (const auto& n : fixture_names())
+    if (n.find("mxfp4") == std::string::npos) v.push_back(n);
+  return v;
+}
+
 inline double rel_l2(const float* a, const float* b, int64_t n) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < n; ++i) {

@@ -10,29 +10,12 @@
 #include "coordinator/routing_trace.h"
 #include "tests/fixture.h"
 
-#ifdef COLIBRI_HAVE_CUDA
-#include "kernels/cuda/device_info.h"
-#endif
-
 using namespace colibri;
 using namespace colibri::test;
 
 namespace {
 
-bool have_gpu() {
-#ifdef COLIBRI_HAVE_CUDA
-  return cuda::device_count() > 0;
-#else
-  return false;
-#endif
-}
 
-std::vector<std::string> unquantised_fixtures() {
-  std::vector<std::string> v;
-  for (const auto& n : fixture_names())
-    if (n.find("mxfp4") == std::string::npos) v.push_back(n);
-  return v;
-}
 
 // Prompt logits within the CPU bf16 engine's tolerances (median 2e-2, 95% 4e-2)
 // and the generated tokens of the right count.

@@ -28,7 +28,6 @@
 #include "worker/worker.h"
 
 #ifdef COLIBRI_HAVE_CUDA
-#include "kernels/cuda/device_info.h"
 #include "kernels/cuda/ffn.h"
 #include "kernels/cuda/ffn_pack.h"
 #endif
@@ -38,13 +37,6 @@ using namespace colibri::test;
 
 namespace {
 
-bool have_gpu() {
-#ifdef COLIBRI_HAVE_CUDA
-  return cuda::device_count() > 0;
-#else
-  return false;
-#endif
-}
 
 // A tiny model of `arch` (f32), made once per binary.
 std::shared_ptr<const ColibriFile> tiny(const std::string& arch) {

@@ -160,12 +160,6 @@ TEST_P(Parity, F16WithinStatedTolerance) {
   EXPECT_EQ(top1, 0);
 }
 
-std::vector<std::string> unquantised_fixtures() {
-  std::vector<std::string> v;
-  for (const auto& n : fixture_names())
-    if (n.find("mxfp4") == std::string::npos) v.push_back(n);
-  return v;
-}
 INSTANTIATE_TEST_SUITE_P(Fixtures, ParityRounded,
                          ::testing::Combine(::testing::ValuesIn(unquantised_fixtures()), ::testing::Values("avx512", "avx2", "generic")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });

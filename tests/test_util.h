@@ -13,9 +13,22 @@
 
 #include "model/error.h"
 
+#ifdef COLIBRI_HAVE_CUDA
+#include "kernels/cuda/device_info.h"
+#endif
+
 namespace colibri::test {
 
 inline std::string fixtures_dir() { return COLIBRI_FIXTURES_DIR; }
+
+// A CUDA GPU is usable (never without CUDA in the build; always on the emulator).
+inline bool have_gpu() {
+#ifdef COLIBRI_HAVE_CUDA
+  return cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
 
 // A fresh directory under the system temp dir, removed at scope exit.
 class TempDir {

@@ -31,24 +31,8 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(seed);
     const int failed_before = failures;
     try {
-      if (ffn) {
-        check_to_bf16(rng);
-        check_gemm(rng);
-        check_ffn(rng, false);
-        check_ffn(rng, true);
-        check_ffn(rng, false, 200, 136, 1);
-        check_gemm_strided(rng);
-      }
-      if (dense) {
-        check_elementwise(rng);
-        check_rmsnorm(rng);
-        check_rope(rng);
-        check_embed(rng);
-        check_attention(rng);
-        check_route(rng);
-        check_permute(rng);
-        check_sigmoid_gate(rng);
-      }
+      if (ffn) check_ffn_kernels(rng);
+      if (dense) check_dense_kernels(rng);
     } catch (const std::exception& e) {
       std::printf("FAIL (seed %llu): %s\n", (unsigned long long)seed, e.what());
       return 1;
