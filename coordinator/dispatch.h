@@ -71,7 +71,6 @@ class MoeDispatcher {
   // A rank without tokens serves its experts for one layer: forward, or
   // forward_device when constructed with a device, with no rows.
   void serve(int layer);
-  int device() const { return device_; }
 
   // Every rank must agree (a collective): with it, a barrier after the rows
   // arrive and one before the results return separate waiting for the slowest

@@ -270,7 +270,6 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
 Engine::~Engine() = default;
 
 uint64_t Engine::kv_cache_bytes() const { return gpu_ ? gpu_->kv_cache_bytes() : kv_->bytes(); }
-int Engine::dense_device() const { return gpu_ ? gpu_->device() : -1; }
 
 void Engine::start_workers() {
   if (comm_.size() == 1 || workers_started_) return;

@@ -113,8 +113,6 @@ class Engine {
   int64_t rows_capacity() const { return rows_cap_; }
   // Bytes of the KV cache (for MLA: latents and rotary keys only).
   uint64_t kv_cache_bytes() const;
-  // The GPU of the dense part, -1 on the CPU.
-  int dense_device() const;
   // With workers: tells them how big a forward pass can be (once, first).
   void start_workers();
   // With workers: ends their serve loops (idempotent).

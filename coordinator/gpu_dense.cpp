@@ -4,13 +4,20 @@
 #include "coordinator/gpu_dense.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "coordinator/router.h"
 #include "model/error.h"
 #include "worker/gpu_experts.h"
 
 #ifdef COLIBRI_HAVE_CUDA
+#include <spdlog/spdlog.h>
+
 #include "kernels/cuda/dense.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/ffn.h"
@@ -85,6 +92,7 @@ class CudaDense final : public GpuDense {
     stream_ = std::make_unique<cuda::Stream>();
     s_ = stream_->get();
     routed_ready_ = std::make_unique<cuda::Event>();
+    if (const char* g = std::getenv("COLIBRI_CUDA_GRAPHS"); g && std::string(g) == "0") use_graphs_ = false;
     const int64_t R = o.rows_cap, H = c_.hidden_size, nh = c_.num_heads, hd = c_.head_dim, E = c_.num_experts,
                   K = c_.experts_per_token, V = c_.vocab_size;
     Q_ = nh * hd;
@@ -126,7 +134,9 @@ class CudaDense final : public GpuDense {
                       " positions, activations " + std::to_string(act_bytes_ >> 20) + " MiB), " +
                       std::to_string(free_b >> 20) + " MiB are free (a smaller --max-context or --max-batch, or "
                       "--coordinator-device cpu)");
-    device_bytes_ = weights + kv_bytes_ + act_bytes_;
+    spdlog::info("rank {}: the dense part on GPU {}: weights {} MiB, KV cache {} MiB ({} x {} positions), "
+                 "activations {} MiB; {} MiB free", o.rank, o.device, weights >> 20, kv_bytes_ >> 20, o.max_batch,
+                 o.max_ctx, act_bytes_ >> 20, free_b >> 20);
 
     // Weights.
     embd_dtype_ = static_cast<int>(embd.dtype);
@@ -182,8 +192,6 @@ class CudaDense final : public GpuDense {
   }
 
   uint64_t kv_cache_bytes() const override { return kv_bytes_; }
-  uint64_t device_bytes() const override { return device_bytes_; }
-  int device() const override { return o_.device; }
 
   void forward(int64_t n, const int32_t* tokens, const int32_t* seqs, const int32_t* pos, const uint8_t* want,
                float* logits, const MoeHook& moe) override {
@@ -197,36 +205,64 @@ class CudaDense final : public GpuDense {
     int64_t m = 0;
     for (int64_t i = 0; i < n; ++i)
       if (want[i]) hi[3 * R + m++] = static_cast<int32_t>(i);
-    // NOTE: h_ints_ is free again: the previous pass ended with the stream synchronised.
-    cuda::copy_async(ints_.get(), hi, static_cast<size_t>(4 * R) * 4, cuda::Copy::HostToDevice, s_);
     const int32_t* d_tok = ints_.as<const int32_t>();
     const int32_t *d_seq = d_tok + R, *d_pos = d_tok + 2 * R, *d_want = d_tok + 3 * R;
     const float eps = static_cast<float>(c_.rms_norm_eps);
+    // Passes of decode size whose every row wants logits replay CUDA graphs of
+    // the stretches between MoE layers (captured at their first pass of n rows).
+    graphs_on_ = use_graphs_ && !o_.sync_stages && m == n && n <= o_.max_batch;
+    rows_ = n;
+    segment_ = 0;
 
-    cuda::embed(embd_.get(), embd_dtype_, d_tok, n, H, x(), s_);
+    // NOTE: closures run at once, or when the stretch is flushed into a graph:
+    // they capture the layer by value, what stays fixed during the pass by reference.
+    issue([&] {
+      // h_ints_ is read when the copy executes: the previous pass ended with the stream synchronised.
+      cuda::copy_async(ints_.get(), hi, static_cast<size_t>(4 * R) * 4, cuda::Copy::HostToDevice, s_);
+      cuda::embed(embd_.get(), embd_dtype_, d_tok, n, H, x(), s_);
+    });
     for (int l = 0; l < c_.num_layers; ++l) {
-      const DevLayer& w = layers_[static_cast<size_t>(l)];
-      cuda::rmsnorm(x(), H, fptr(w.attn_norm), xn(), H, n, H, eps, s_);
-      lap(Stage::Dense);
-      if (mla_)
-        attention_mla(l, w, n, d_seq, d_pos);
-      else
-        attention_gqa(l, w, n, d_seq, d_pos);
-      lap(Stage::Attention);
-      cuda::add(x(), tmp(), n * H, s_);
-      cuda::rmsnorm(x(), H, fptr(w.ffn_norm), xn(), H, n, H, eps, s_);
-      lap(Stage::Dense);
-      feed_forward(w, n, moe);
-      cuda::add(x(), moe_.as<float>(), n * H, s_);
-      lap(Stage::Dense);
+      const DevLayer* w = &layers_[static_cast<size_t>(l)];
+      issue([&, l, w] {
+        cuda::rmsnorm(x(), H, fptr(w->attn_norm), xn(), H, n, H, eps, s_);
+        lap(Stage::Dense);
+        if (mla_)
+          attention_mla(l, *w, n, d_seq, d_pos);
+        else
+          attention_gqa(l, *w, n, d_seq, d_pos);
+        lap(Stage::Attention);
+        cuda::add(x(), tmp(), n * H, s_);
+        cuda::rmsnorm(x(), H, fptr(w->ffn_norm), xn(), H, n, H, eps, s_);
+        lap(Stage::Dense);
+      });
+      if (w->moe < 0) {
+        issue([&, w] {
+          dense_ffn_->run(w->dense.view, xn(), n, moe_.as<float>());
+          cuda::add(x(), moe_.as<float>(), n * H, s_);
+          lap(Stage::Dense);
+        });
+        continue;
+      }
+      issue([&, w] { moe_begin(*w, n); });
+      flush();
+      moe_hook(*w, n, moe);
+      issue([&, w] {
+        moe_end(*w, n);
+        cuda::add(x(), moe_.as<float>(), n * H, s_);
+        lap(Stage::Dense);
+      });
     }
-    if (m > 0) {
+    issue([&] {
+      if (m == 0) return;
       cuda::permute_rows(x(), H, d_want, m, 1, H, gathered_.as<float>(), s_);
       cuda::rmsnorm(gathered_.as<float>(), H, fptr(final_norm_), gathered_.as<float>(), H, m, H, eps, s_);
       linear(gathered_.as<float>(), m, head_shared_ ? embd_.as<const uint16_t>() : head_.p(), c_.vocab_size, H,
              logits_.as<float>());
+    });
+    flush();
+    // NOTE: into pageable memory: outside any graph.
+    if (m > 0)
       cuda::copy_async(logits, logits_.get(), static_cast<size_t>(m * c_.vocab_size) * 4, cuda::Copy::DeviceToHost, s_);
-    }
     stream_->synchronize();
     o_.clock->lap(Stage::LmHead);
   }
@@ -407,13 +443,12 @@ class CudaDense final : public GpuDense {
     if (w.bo.get()) cuda::add_bias(tmp(), n, H, H, fptr(w.bo), s_);
   }
 
-  void feed_forward(const DevLayer& w, int64_t n, const MoeHook& moe) {
+  // An MoE layer in three parts: on the stream, the router, its choices (and
+  // with host MoE the rows) to the host, the shared expert; on the host, the
+  // hook (the routed experts); on the stream again, the combined output (from
+  // the host with host MoE) plus the shared expert's.
+  void moe_begin(const DevLayer& w, int64_t n) {
     const int64_t H = c_.hidden_size, E = c_.num_experts, K = c_.experts_per_token;
-    float* out = moe_.as<float>();
-    if (w.moe < 0) {
-      dense_ffn_->run(w.dense.view, xn(), n, out);
-      return;
-    }
     gemm_->run_f32(fptr(w.router), E, H, xn(), n, rlogits_.as<float>());
     if (w.router_bias.get()) cuda::add_bias(rlogits_.as<float>(), n, E, E, fptr(w.router_bias), s_);
     cuda::RouteArgs ra;
@@ -424,36 +459,77 @@ class CudaDense final : public GpuDense {
     ra.norm_topk_prob = c_.routing.norm_topk_prob, ra.routed_scaling_factor = c_.routing.routed_scaling_factor;
     ra.experts = experts_.as<int32_t>(), ra.weights = weights_.as<float>();
     cuda::route(ra, s_);
-    // The router's choices to the host (the dispatch plan, replay and trace
-    // need them there); with host MoE the rows too, and the combined output
-    // back up. The shared expert computes on the GPU meanwhile.
-    const bool host_rows = !o_.device_moe;
-    float* h_xn = reinterpret_cast<float*>(h_xn_.data());
-    float* h_moe = reinterpret_cast<float*>(h_moe_.data());
-    if (host_rows) cuda::copy_async(h_xn, xn(), static_cast<size_t>(n * H) * 4, cuda::Copy::DeviceToHost, s_);
+    // The router's choices to the host (the dispatch plan, replay and trace need
+    // them there); with host MoE the rows too.
+    if (!o_.device_moe) cuda::copy_async(h_xn_.get(), xn(), static_cast<size_t>(n * H) * 4, cuda::Copy::DeviceToHost, s_);
     cuda::copy_async(h_experts_.get(), experts_.get(), static_cast<size_t>(n * K) * 4, cuda::Copy::DeviceToHost, s_);
     cuda::copy_async(h_weights_.get(), weights_.get(), static_cast<size_t>(n * K) * 4, cuda::Copy::DeviceToHost, s_);
-    routed_ready_->record(s_);
+    // NOTE: in a graph the host can wait for the whole stretch only (an event
+    // recorded in a capture is internal to it): there the shared expert does not
+    // overlap with the host's part.
+    if (!graphs_on_) routed_ready_->record(s_);
     if (w.shared.buf.get()) {
       shared_ffn_->run(w.shared.view, xn(), n, tmp());
       if (w.shared_gate.get()) cuda::sigmoid_gate(xn(), fptr(w.shared_gate), tmp(), n, H, s_);
     }
+  }
+
+  void moe_hook(const DevLayer& w, int64_t n, const MoeHook& moe) {
     // NOTE: this wait also orders the previous layer's upload from h_moe_ before
     // the hook overwrites it (same stream, queued earlier).
-    routed_ready_->synchronize();
+    if (graphs_on_)
+      stream_->synchronize();
+    else
+      routed_ready_->synchronize();
     o_.clock->lap(Stage::Router);
     int32_t* ex = reinterpret_cast<int32_t*>(h_experts_.data());
     float* wt = reinterpret_cast<float*>(h_weights_.data());
-    if (host_rows) {
-      moe(w.moe, n, h_xn, ex, wt, h_moe, nullptr);
-      cuda::set_device(o_.device);  // the hook may have computed experts on another GPU
-      cuda::copy_async(out, h_moe, static_cast<size_t>(n * H) * 4, cuda::Copy::HostToDevice, s_);
-    } else {
-      moe(w.moe, n, xn(), ex, wt, out, s_);
-      cuda::set_device(o_.device);
-    }
+    if (o_.device_moe)
+      moe(w.moe, n, xn(), ex, wt, moe_.as<float>(), s_);
+    else
+      moe(w.moe, n, reinterpret_cast<float*>(h_xn_.data()), ex, wt, reinterpret_cast<float*>(h_moe_.data()), nullptr);
+    cuda::set_device(o_.device);  // the hook may have computed experts on another GPU
+  }
+
+  void moe_end(const DevLayer& w, int64_t n) {
+    const int64_t H = c_.hidden_size;
+    float* out = moe_.as<float>();
+    if (!o_.device_moe) cuda::copy_async(out, h_moe_.get(), static_cast<size_t>(n * H) * 4, cuda::Copy::HostToDevice, s_);
     if (w.shared.buf.get()) cuda::add(out, tmp(), n * H, s_);
   }
+
+  // Queues GPU work: at once, or with graphs on, kept for flush().
+  template <class F>
+  void issue(F&& f) {
+    if (graphs_on_)
+      pending_.emplace_back(std::forward<F>(f));
+    else
+      f();
+  }
+  // With graphs on: the work kept since the last flush, as the graph of this
+  // stretch for passes of this many rows (captured the first time). A capture
+  // that fails turns graphs off (with a warning) and runs the work directly.
+  void flush() {
+    if (!graphs_on_ || pending_.empty()) return;
+    cuda::StreamGraph& g = graphs_[{rows_, segment_++}];
+    if (g.empty()) {
+      try {
+        g = cuda::StreamGraph::capture(s_, [&] {
+          for (auto& op : pending_) op();
+        });
+      } catch (const Error& e) {
+        spdlog::warn("rank {}: CUDA graphs off ({}); the dense part launches its kernels one by one", o_.rank, e.what());
+        use_graphs_ = graphs_on_ = false;
+        graphs_.clear();
+        for (auto& op : pending_) op();
+        pending_.clear();
+        return;
+      }
+    }
+    g.launch(s_);
+    pending_.clear();
+  }
+
 
   std::shared_ptr<const ColibriFile> file_;
   const ModelConfig& c_;
@@ -463,7 +539,7 @@ class CudaDense final : public GpuDense {
   std::unique_ptr<cuda::Event> routed_ready_;  // the MoE layer's rows and choices are on the host
   bool mla_ = false, head_shared_ = false, any_dense_ = false;
   int64_t Q_ = 0, KW_ = 0, VW_ = 0, ATT_ = 0;
-  uint64_t kv_bytes_ = 0, act_bytes_ = 0, device_bytes_ = 0;
+  uint64_t kv_bytes_ = 0, act_bytes_ = 0;
   cuda::RouteScoring scoring_ = cuda::RouteScoring::Softmax;
   cuda::RouteGroups groups_ = cuda::RouteGroups::None;
   int embd_dtype_ = 0;
@@ -476,6 +552,13 @@ class CudaDense final : public GpuDense {
   PinnedBuffer h_ints_, h_xn_, h_moe_, h_experts_, h_weights_;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::FfnRunner> dense_ffn_, shared_ffn_;
+  // CUDA graphs: on unless COLIBRI_CUDA_GRAPHS=0; this pass uses them; its rows
+  // and stretch; the stretch's work not yet issued; the graphs by (rows, stretch).
+  bool use_graphs_ = true, graphs_on_ = false;
+  int64_t rows_ = 0;
+  int segment_ = 0;
+  std::vector<std::function<void()>> pending_;
+  std::map<std::pair<int64_t, int>, cuda::StreamGraph> graphs_;
 };
 
 }  // namespace

@@ -36,8 +36,6 @@ class GpuDense {
   virtual void forward(int64_t n, const int32_t* tokens, const int32_t* seqs, const int32_t* pos,
                        const uint8_t* want_logits, float* logits, const MoeHook& moe) = 0;
   virtual uint64_t kv_cache_bytes() const = 0;
-  virtual uint64_t device_bytes() const = 0;  // weights, KV cache and activations
-  virtual int device() const = 0;
 };
 
 struct GpuDenseOptions {

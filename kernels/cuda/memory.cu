@@ -127,4 +127,46 @@ void copy_async(void* dst, const void* src, size_t bytes, Copy kind, void* strea
   COLIBRI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, as_stream(stream)));
 }
 
+StreamGraph::~StreamGraph() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+}
+StreamGraph::StreamGraph(StreamGraph&& o) noexcept : exec_(o.exec_) { o.exec_ = nullptr; }
+StreamGraph& StreamGraph::operator=(StreamGraph&& o) noexcept {
+  if (this != &o) {
+    if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+    exec_ = o.exec_;
+    o.exec_ = nullptr;
+  }
+  return *this;
+}
+
+void StreamGraph::begin_capture(void* stream) {
+  // NOTE: thread-local mode: other threads' CUDA calls (a worker's streams) do
+  // not invalidate this capture.
+  COLIBRI_CUDA_CHECK(cudaStreamBeginCapture(as_stream(stream), cudaStreamCaptureModeThreadLocal));
+}
+
+void StreamGraph::abandon_capture(void* stream) noexcept {
+  cudaGraph_t g = nullptr;
+  if (cudaStreamEndCapture(as_stream(stream), &g) == cudaSuccess && g) cudaGraphDestroy(g);
+  cudaGetLastError();
+}
+
+StreamGraph StreamGraph::end_capture(void* stream) {
+  cudaGraph_t g = nullptr;
+  COLIBRI_CUDA_CHECK(cudaStreamEndCapture(as_stream(stream), &g));
+  StreamGraph sg;
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  COLIBRI_CUDA_CHECK(e);
+  sg.exec_ = exec;
+  return sg;
+}
+
+void StreamGraph::launch(void* stream) const {
+  if (!exec_) throw Error(Status::Internal, "launching an empty CUDA graph");
+  COLIBRI_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), as_stream(stream)));
+}
+
 }  // namespace colibri::cuda

@@ -72,6 +72,40 @@ class Event {
   bool recorded_ = false;
 };
 
+// A CUDA graph of the work that one call queues on a stream: captured once
+// (nothing runs while capturing), then replayed with launch() as one submission
+// instead of a launch per kernel. What is captured is fixed: kernel arguments,
+// pointers and sizes; the memory they point at is read at each replay. No
+// synchronisation and no copy from pageable memory may happen while capturing.
+class StreamGraph {
+ public:
+  StreamGraph() = default;
+  ~StreamGraph();
+  StreamGraph(StreamGraph&& o) noexcept;
+  StreamGraph& operator=(StreamGraph&& o) noexcept;
+  StreamGraph(const StreamGraph&) = delete;
+  StreamGraph& operator=(const StreamGraph&) = delete;
+  template <class F>
+  static StreamGraph capture(void* stream, F&& issue) {
+    begin_capture(stream);
+    try {
+      issue();
+    } catch (...) {
+      abandon_capture(stream);
+      throw;
+    }
+    return end_capture(stream);
+  }
+  void launch(void* stream) const;  // queues the whole graph on `stream`
+  bool empty() const { return exec_ == nullptr; }
+
+ private:
+  static void begin_capture(void* stream);
+  static void abandon_capture(void* stream) noexcept;
+  static StreamGraph end_capture(void* stream);
+  void* exec_ = nullptr;
+};
+
 enum class Copy { HostToDevice, DeviceToHost, DeviceToDevice };
 // cudaMemcpyAsync on `stream`; overlaps with other streams' work only when the
 // host side is pinned.

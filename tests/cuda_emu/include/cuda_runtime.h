@@ -36,6 +36,8 @@ enum cudaError_t {
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
 };
 typedef cudaError_t cudaError;
 
@@ -51,6 +53,7 @@ struct CUstream_st;
 struct CUevent_st;
 typedef CUstream_st* cudaStream_t;
 typedef CUevent_st* cudaEvent_t;
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
 
 constexpr unsigned cudaStreamDefault = 0, cudaStreamNonBlocking = 1;
 constexpr unsigned cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2;
@@ -154,14 +157,40 @@ struct Queue {
   std::deque<std::function<void()>> ops;
   uint64_t queued = 0, done = 0;
 };
+// A stream being captured into a graph: what is queued on it is recorded, not
+// run (cudaStreamBeginCapture .. cudaStreamEndCapture); a graph launch queues
+// the recorded work again (the same operations with the same arguments).
+struct Graph {
+  std::vector<std::function<void()>> ops;
+  bool invalid = false;  // something not permitted happened while capturing
+};
 struct Queues {
   std::recursive_mutex mu;
   std::map<const void*, Queue> q;                                 // nullptr: the legacy default stream
   std::map<const void*, std::pair<const void*, uint64_t>> marks;  // event -> (stream, position)
+  std::map<const void*, Graph> capturing;                         // stream -> the graph being captured
 };
 inline Queues queues;
 
+// The capture of `stream`, or null when it is not being captured.
+inline Graph* capture_of(const void* stream) {
+  std::lock_guard<std::recursive_mutex> lock(queues.mu);
+  auto it = queues.capturing.find(stream);
+  return it == queues.capturing.end() ? nullptr : &it->second;
+}
+// An operation not permitted on a capturing stream: the capture is invalidated.
+inline bool refuse_if_capturing(const void* stream) {
+  Graph* g = capture_of(stream);
+  if (!g) return false;
+  g->invalid = true;
+  return true;
+}
+
 inline void enqueue(const void* stream, std::function<void()> op) {
+  if (Graph* g = capture_of(stream)) {
+    g->ops.push_back(std::move(op));
+    return;
+  }
   if (!deferred()) {
     op();
     return;
@@ -239,6 +268,8 @@ inline const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
   }
   return "cudaErrorUnknown";
 }
@@ -254,6 +285,8 @@ inline const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
   }
   return "unknown error";
 }
@@ -384,6 +417,9 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMem
   if (!n) return cudaSuccess;
   if (!emu::check_copy(dst, src, n, kind)) return emu::err(cudaErrorInvalidMemcpyDirection);
   const bool src_host = !emu::is_device(src), dst_host = !emu::is_device(dst);
+  if (((dst_host && !emu::in_pinned(dst, n)) || (src_host && !emu::in_pinned(src, n))) &&
+      emu::refuse_if_capturing(s))  // pageable memory cannot be captured
+    return emu::err(cudaErrorStreamCaptureUnsupported);
   if (dst_host && !emu::in_pinned(dst, n)) {  // to pageable memory: synchronous
     emu::run_stream(s);
     std::memmove(dst, src, n);
@@ -430,6 +466,7 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (!emu::valid_stream(s)) return emu::err(cudaErrorInvalidResourceHandle);
+  if (emu::refuse_if_capturing(s)) return emu::err(cudaErrorStreamCaptureUnsupported);
   emu::run_stream(s);
   return cudaSuccess;
 }
@@ -457,6 +494,8 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
   if (!emu::valid_event(e) || !emu::valid_stream(s)) return emu::err(cudaErrorInvalidResourceHandle);
+  // (CUDA captures it as an internal node the host cannot wait for: not emulated.)
+  if (emu::refuse_if_capturing(s)) return emu::err(cudaErrorStreamCaptureUnsupported);
   std::lock_guard<std::recursive_mutex> lock(emu::queues.mu);
   emu::queues.marks[e] = {s, emu::queues.q[s].queued};
   return cudaSuccess;
@@ -488,5 +527,52 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b)
   if ((emu::rt.event_flags[a] | emu::rt.event_flags[b]) & cudaEventDisableTiming)
     return emu::err(cudaErrorInvalidResourceHandle);
   *ms = 0.0f;
+  return cudaSuccess;
+}
+
+// ---- graphs (stream capture) ----------------------------------------------------------
+struct CUgraph_st {
+  std::vector<std::function<void()>> ops;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> ops;
+};
+typedef CUgraph_st* cudaGraph_t;
+typedef CUgraphExec_st* cudaGraphExec_t;
+inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  if (!emu::valid_stream(s) || !s) return emu::err(cudaErrorInvalidResourceHandle);  // (not the legacy stream)
+  std::lock_guard<std::recursive_mutex> lock(emu::queues.mu);
+  if (emu::queues.capturing.count(s)) return emu::err(cudaErrorStreamCaptureUnsupported);
+  emu::queues.capturing[s] = {};
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) {
+  if (!emu::valid_stream(s)) return emu::err(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::recursive_mutex> lock(emu::queues.mu);
+  auto it = emu::queues.capturing.find(s);
+  if (it == emu::queues.capturing.end()) return emu::err(cudaErrorInvalidValue);
+  emu::Graph cap = std::move(it->second);
+  emu::queues.capturing.erase(it);
+  *g = nullptr;
+  if (cap.invalid) return emu::err(cudaErrorStreamCaptureInvalidated);
+  *g = new CUgraph_st{std::move(cap.ops)};
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned long long = 0) {
+  if (!g) return emu::err(cudaErrorInvalidValue);
+  *e = new CUgraphExec_st{g->ops};
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+  if (!e || !emu::valid_stream(s)) return emu::err(cudaErrorInvalidResourceHandle);
+  for (const auto& op : e->ops) emu::enqueue(s, op);
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  delete g;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+  delete e;
   return cudaSuccess;
 }
