@@ -44,7 +44,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY
 #   256 MB), so RSS grows by design (3.3 MB; and ~100 s at -O0); under TSan with 4
 #   threads its shadow and Archer's bookkeeping add ~600 KB. The other Engine tests
 #   run the same decode loop.
-SKIP_ALWAYS='slurm\.one_node|cluster\.parity|Engine\.LongRunsKeepMemoryFlatAndTheCacheWithinBudget|signals'
+# - cuda.emulated.dense / .engine: the CPU emulator runs every CUDA thread as a
+#   fiber; instrumented, the dense checks and the engine's GPU tests take several
+#   minutes (they timed out at 120 s and 180 s in CI). They run unsanitized in the
+#   main suite; cuda.emulated.ffn (the same emulator, seconds) runs here.
+SKIP_ALWAYS='slurm\.one_node|cluster\.parity|Engine\.LongRunsKeepMemoryFlatAndTheCacheWithinBudget|signals|cuda\.emulated\.(dense|engine)'
 # Tests whose processes run under mpirun (MPI_Init): they run in a second ctest pass
 # with the slow unwinder (see asan_env); a new MPI test belongs in this list.
 MPI_TESTS='exchange\.(mpi|ucx)\..*|cluster\..*|cli\.text|signals'
