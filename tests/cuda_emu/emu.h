@@ -60,6 +60,7 @@
 #include <ucontext.h>
 
 #include <cmath>
+#include <bit>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -105,26 +106,10 @@ constexpr int warpSize = 32;
 inline uint3 threadIdx, blockIdx, blockDim, gridDim;
 
 // ---- device intrinsics used by the kernels ------------------------------------------
-inline float __int_as_float(int v) {
-  float f;
-  std::memcpy(&f, &v, 4);
-  return f;
-}
-inline int __float_as_int(float f) {
-  int v;
-  std::memcpy(&v, &f, 4);
-  return v;
-}
-inline float __uint_as_float(uint32_t v) {
-  float f;
-  std::memcpy(&f, &v, 4);
-  return f;
-}
-inline uint32_t __float_as_uint(float f) {
-  uint32_t v;
-  std::memcpy(&v, &f, 4);
-  return v;
-}
+inline float __int_as_float(int v) { return std::bit_cast<float>(v); }
+inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
+inline float __uint_as_float(uint32_t v) { return std::bit_cast<float>(v); }
+inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
 // The _rn forms: never contracted into an FMA (by nvcc; nor by the host compiler,
 // which does not contract without -ffp-contract=fast and FMA instructions).
 inline float __fadd_rn(float a, float b) { return a + b; }
