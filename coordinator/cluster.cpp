@@ -1,6 +1,8 @@
 // cluster.cpp: control messages and the worker serve loop.
 #include "coordinator/cluster.h"
 
+#include <spdlog/spdlog.h>
+
 #include <sys/resource.h>
 
 #include <csignal>
@@ -89,6 +91,31 @@ void check_placement(const Placement& p, const ModelConfig& c, int world) {
   p.check_fits(world, static_cast<int>(c.num_moe_layers()), static_cast<int>(c.num_experts));
 }
 
+void end_pass(Communicator& comm, const ColibriFile& file) {
+  int32_t status = 0;
+  if (comm.rank() != 0) {
+    try {
+      file.check_unchanged();
+    } catch (const Error& e) {
+      // NOTE: this rank goes on serving; the coordinator ends the run (it keeps
+      // the tokens so far) and the job, with this status.
+      spdlog::error("{}", e.what());
+      status = static_cast<int32_t>(e.status());
+    }
+  }
+  // NOTE: grows once, so that a pass allocates nothing.
+  static thread_local std::vector<int32_t> all;
+  if (comm.rank() == 0 && all.size() < static_cast<size_t>(comm.size())) all.resize(static_cast<size_t>(comm.size()));
+  comm.gather(&status, sizeof status, all.data(), 0);
+  if (comm.rank() != 0) return;
+  for (int r = 1; r < comm.size(); ++r)
+    if (all[static_cast<size_t>(r)] != 0)
+      throw Error(static_cast<Status>(all[static_cast<size_t>(r)]),
+                  "rank " + std::to_string(r) + " cannot go on: " +
+                      status_name(static_cast<Status>(all[static_cast<size_t>(r)])) + " (its log names the file: " +
+                      file.path() + " there); the last forward pass is discarded");
+}
+
 void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placement> placement, Communicator& comm,
            const WorkerOptions& opts) {
   const ModelConfig& c = file->config();
@@ -140,6 +167,7 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
         clock.lap(Stage::Wait);
         clock.count_pass();
         for (int l = 0; l < c.num_moe_layers(); ++l) dispatch.serve(l);
+        end_pass(comm, *file);
         break;
       case Op::Report: {
         // NOTE: the wait since the last pass belongs to its phase (the coordinator's

@@ -58,6 +58,13 @@ std::vector<RankReport> gather_reports(Communicator& comm, const RankReport& min
 uint64_t peak_rss_kb();
 double cpu_seconds();  // user + system CPU time of this process
 
+// The end of every forward pass on every rank (with several ranks): each worker
+// tells the coordinator whether it can go on (its model file unchanged, else
+// it logs why); the coordinator throws Error with a failed worker's status,
+// naming the rank, so that it ends the run keeping what was generated. A
+// collective: a gather of one word per rank.
+void end_pass(Communicator& comm, const ColibriFile& file);
+
 struct WorkerOptions {
   ExpertStoreOptions store;
   std::string fault;  // testing aid: "kill:N" / "kill:start": SIGKILL at forward pass N / before setup

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "coordinator/cluster.h"
@@ -135,6 +137,10 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
   replay_ = opts.replay;
   if (replay_) replay_->check(c);
   stage_sync_ = opts.stage_sync;
+  check_numerics_ = opts.check_numerics;
+  if (check_numerics_ && opts.device >= 0)
+    throw Error(Status::Unsupported, "--check-numerics checks the dense part on the CPU; with --device cuda only the "
+                                     "logits are checked (leave --check-numerics out, or run the dense part on the CPU)");
   // With the dense part on a GPU the MoE rows stay there when nothing must
   // cross to the host: one rank, or NCCL moving device buffers.
   if (opts.device >= 0) require_gpu(opts.device, comm_.rank());  // the clear refusal, before any GPU is touched
@@ -251,6 +257,15 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
       if (af != 1.0f) cs *= af, sn *= af;
       rope_cos_[static_cast<size_t>(p * half + i)] = cs;
       rope_sin_[static_cast<size_t>(p * half + i)] = sn;
+    }
+  for (size_t i = 0; i < rope_cos_.size(); ++i)
+    if (!std::isfinite(rope_cos_[i]) || !std::isfinite(rope_sin_[i])) {
+      char theta[32];
+      std::snprintf(theta, sizeof theta, "%g", c.rope_theta);
+      throw Error(Status::Numerical, file_->path() + ": the rotary tables are not finite (position " +
+                                         std::to_string(static_cast<int64_t>(i) / std::max<int64_t>(half, 1)) +
+                                         ", frequency " + std::to_string(static_cast<int64_t>(i) % std::max<int64_t>(half, 1)) +
+                                         "): rope_theta " + theta + " or the rope scaling overflows");
     }
   threads_ = omp_get_max_threads();
   if (!on_gpu) scores_.resize(sz(threads_, max_ctx_));
@@ -481,11 +496,13 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, cons
     gpu_->forward(n, tokens, seqs, pos, want_logits, logits_.data(),
                   [&](int moe, int64_t rows, const float* xn, int32_t* experts, float* weights, float* out,
                       void* stream) { routed(moe, rows, seqs, pos, xn, experts, weights, out, stream); });
+    if (comm_.size() > 1) cluster::end_pass(comm_, *file_);
     ++step_;
     return;
   }
   for (int64_t i = 0; i < n; ++i)
     kernels::to_f32(embd_->data + static_cast<size_t>(tokens[i]) * row_bytes, embd_->dtype, H, x_.data() + i * H);
+  if (check_numerics_) check_stage("embedding", -1, n, x_.data(), H, seqs, pos);
 
   const bool mla = c.attention == "mla";
   for (int l = 0; l < c.num_layers; ++l) {
@@ -497,20 +514,90 @@ void Engine::forward(int64_t n, const int32_t* tokens, const int32_t* seqs, cons
     else
       attention_gqa(l, n, seqs, pos);
     clock_.lap(Stage::Attention);
+    if (check_numerics_) check_stage("attention output", l, n, tmp_.data(), H, seqs, pos);
     for (int64_t i = 0; i < n * H; ++i) x_[static_cast<size_t>(i)] += tmp_[static_cast<size_t>(i)];
+    if (check_numerics_) check_stage("residual stream after the attention", l, n, x_.data(), H, seqs, pos, true);
     for (int64_t i = 0; i < n; ++i) kt.rmsnorm(x_.data() + i * H, w.ffn_norm.data(), xn_.data() + i * H, H, eps);
     clock_.lap(Stage::Dense);
     feed_forward(l, n, seqs, pos);
+    if (check_numerics_)
+      check_stage(w.moe < 0 ? "dense feed-forward output" : "MoE output (routed and shared experts)", l, n, moe_.data(), H,
+                  seqs, pos);
     for (int64_t i = 0; i < n * H; ++i) x_[static_cast<size_t>(i)] += moe_[static_cast<size_t>(i)];
+    if (check_numerics_) check_stage("residual stream after the feed-forward", l, n, x_.data(), H, seqs, pos, true);
     clock_.lap(Stage::Dense);
   }
 
+  if (comm_.size() > 1) {
+    cluster::end_pass(comm_, *file_);
+    clock_.lap(Stage::Exchange);
+  }
   ++step_;
   int64_t m = 0;
   for (int64_t i = 0; i < n; ++i)
     if (want_logits[i]) kt.rmsnorm(x_.data() + i * H, final_norm_.data(), gathered_.data() + (m++) * H, H, eps);
   if (m > 0) linear(gathered_.data(), H, m, *lm_head_, H, c.vocab_size, logits_.data(), c.vocab_size);
   clock_.lap(Stage::LmHead);
+}
+
+void Engine::check_stage(const char* stage, int layer, int64_t n, const float* x, int64_t w, const int32_t* seqs,
+                         const int32_t* pos, bool normed_next) const {
+  auto where = [&](int64_t i) {
+    return std::string(stage) + (layer >= 0 ? " of layer " + std::to_string(layer) : std::string()) +
+           ", row of sequence " + std::to_string(seqs[i]) + " at position " + std::to_string(pos[i]);
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    double ss = 0;
+    for (int64_t j = 0; j < w; ++j) {
+      const float v = x[i * w + j];
+      ss += static_cast<double>(v) * v;
+      if (std::isfinite(v)) continue;
+      throw Error(Status::Numerical, "forward pass " + std::to_string(step_) + ": the first non-finite value (" +
+                                         std::to_string(v) + ") is in the " + where(i) + ", element " + std::to_string(j));
+    }
+    // NOTE: an RMSNorm of a row whose mean square overflows f32 gives zeros
+    // (as transformers' f32 norm does): finite, but every later value is garbage.
+    if (normed_next && ss / static_cast<double>(w) > static_cast<double>(std::numeric_limits<float>::max())) {
+      char ms[32];
+      std::snprintf(ms, sizeof ms, "%.3g", ss / static_cast<double>(w));
+      throw Error(Status::Numerical, "forward pass " + std::to_string(step_) + ": the " + where(i) +
+                                         " overflows the next RMSNorm (mean square " + ms +
+                                         " beyond the f32 range): its output is all zeros");
+    }
+  }
+}
+
+void Engine::check_pass(const char* phase, int64_t index, int64_t n, const int32_t* seqs, const int32_t* pos,
+                        const uint8_t* want_logits) const {
+  // NOTE: first the file: a pass that read zeros from a truncated file has
+  // garbage logits, and the file is the cause to report.
+  file_->check_unchanged();
+  const int64_t V = file_->config().vocab_size;
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!want_logits[i]) continue;
+    const float* lg = logits_.data() + (m++) * V;
+    bool all_equal = V > 1;
+    for (int64_t v = 0; v < V; ++v) {
+      all_equal = all_equal && lg[v] == lg[0];
+      if (std::isfinite(lg[v])) continue;
+      throw Error(Status::Numerical,
+                  std::string(phase) + " " + std::to_string(index) + ": the logits of sequence " + std::to_string(seqs[i]) + " at position " + std::to_string(pos[i]) +
+                      " are not finite (" + std::to_string(lg[v]) + " for token " + std::to_string(v) +
+                      "): the model's weights or config overflow; " +
+                      (check_numerics_ ? "no earlier stage was non-finite, so the LM head overflowed"
+                                       : "--check-numerics names the first layer and stage that goes non-finite"));
+    }
+    // NOTE: every logit equal (all zeros, say) is what an overflowed final
+    // norm gives: no token is more likely than another, so sampling is garbage.
+    if (all_equal)
+      throw Error(Status::Numerical,
+                  std::string(phase) + " " + std::to_string(index) + ": the logits of sequence " + std::to_string(seqs[i]) +
+                      " at position " + std::to_string(pos[i]) + " are all equal (" + std::to_string(lg[0]) +
+                      "): the activations overflowed (the final norm's input is beyond the f32 range); " +
+                      (check_numerics_ ? "the LM head's input was all zeros"
+                                       : "--check-numerics names the first layer and stage that overflows"));
+  }
 }
 
 void Engine::validate(const std::vector<Request>& reqs) const {
@@ -614,73 +701,87 @@ std::vector<SequenceOutput> Engine::generate(const std::vector<Request>& reqs, c
     return st.cancelled;
   };
 
-  // Prefill in chunks that may span sequences.
-  auto t0 = clock::now();
-  int64_t s = 0, p = 0;
-  clock_.set_phase(Phase::Prefill);
-  while (s < B && !interrupted()) {
-    const auto tp = clock::now();
-    int64_t n = 0;
-    while (n < chunk_ && s < B) {
-      const Request& r = reqs[static_cast<size_t>(s)];
-      const bool last = p + 1 == static_cast<int64_t>(r.prompt.size());
-      tok[static_cast<size_t>(n)] = r.prompt[static_cast<size_t>(p)];
-      seq[static_cast<size_t>(n)] = static_cast<int32_t>(s);
-      pos[static_cast<size_t>(n)] = static_cast<int32_t>(p);
-      want[static_cast<size_t>(n)] = opts.record_logits || (last && r.max_new_tokens > 0);
-      ++n;
-      if (last) {
-        ++s;
-        p = 0;
-      } else {
-        ++p;
+  // NOTE: an error after the run started keeps what was generated: the
+  // caller gets it with the error (GenerationError) to print or return.
+  try {
+    // Prefill in chunks that may span sequences.
+    auto t0 = clock::now();
+    int64_t s = 0, p = 0;
+    clock_.set_phase(Phase::Prefill);
+    while (s < B && !interrupted()) {
+      const auto tp = clock::now();
+      int64_t n = 0;
+      while (n < chunk_ && s < B) {
+        const Request& r = reqs[static_cast<size_t>(s)];
+        const bool last = p + 1 == static_cast<int64_t>(r.prompt.size());
+        tok[static_cast<size_t>(n)] = r.prompt[static_cast<size_t>(p)];
+        seq[static_cast<size_t>(n)] = static_cast<int32_t>(s);
+        pos[static_cast<size_t>(n)] = static_cast<int32_t>(p);
+        want[static_cast<size_t>(n)] = opts.record_logits || (last && r.max_new_tokens > 0);
+        ++n;
+        if (last) {
+          ++s;
+          p = 0;
+        } else {
+          ++p;
+        }
       }
+      forward(n, tok.data(), seq.data(), pos.data(), want.data());
+      check_pass("prefill pass", static_cast<int64_t>(st.prefill_pass_seconds.size()), n, seq.data(), pos.data(), want.data());
+      st.prefill_tokens += n;
+      int64_t m = 0;
+      for (int64_t i = 0; i < n && !st.cancelled; ++i) {
+        if (!want[static_cast<size_t>(i)]) continue;
+        const float* lg = logits_.data() + (m++) * V;
+        const int64_t q = seq[static_cast<size_t>(i)];
+        SequenceOutput& o = out[static_cast<size_t>(q)];
+        if (opts.record_logits) o.logits.insert(o.logits.end(), lg, lg + V);
+        const bool last = pos[static_cast<size_t>(i)] + 1 == static_cast<int32_t>(reqs[static_cast<size_t>(q)].prompt.size());
+        if (last && !done[static_cast<size_t>(q)]) accept(q, lg);
+      }
+      clock_.lap(Stage::Sampling);
+      st.prefill_pass_seconds.push_back(std::chrono::duration<double>(clock::now() - tp).count());
     }
-    forward(n, tok.data(), seq.data(), pos.data(), want.data());
-    st.prefill_tokens += n;
-    int64_t m = 0;
-    for (int64_t i = 0; i < n && !st.cancelled; ++i) {
-      if (!want[static_cast<size_t>(i)]) continue;
-      const float* lg = logits_.data() + (m++) * V;
-      const int64_t q = seq[static_cast<size_t>(i)];
-      SequenceOutput& o = out[static_cast<size_t>(q)];
-      if (opts.record_logits) o.logits.insert(o.logits.end(), lg, lg + V);
-      const bool last = pos[static_cast<size_t>(i)] + 1 == static_cast<int32_t>(reqs[static_cast<size_t>(q)].prompt.size());
-      if (last && !done[static_cast<size_t>(q)]) accept(q, lg);
-    }
-    clock_.lap(Stage::Sampling);
-    st.prefill_pass_seconds.push_back(std::chrono::duration<double>(clock::now() - tp).count());
-  }
-  auto t1 = clock::now();
-  st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+    auto t1 = clock::now();
+    st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
-  // Decode: one row per unfinished sequence.
-  clock_.set_phase(Phase::Decode);
-  while (!interrupted()) {
-    const auto tp = clock::now();
-    int64_t n = 0;
-    for (int64_t q = 0; q < B; ++q) {
-      if (done[static_cast<size_t>(q)]) continue;
-      tok[static_cast<size_t>(n)] = out[static_cast<size_t>(q)].tokens.back();
-      seq[static_cast<size_t>(n)] = static_cast<int32_t>(q);
-      pos[static_cast<size_t>(n)] = static_cast<int32_t>(len[static_cast<size_t>(q)] - 1);
-      want[static_cast<size_t>(n)] = 1;
-      ++n;
+    // Decode: one row per unfinished sequence.
+    clock_.set_phase(Phase::Decode);
+    while (!interrupted()) {
+      const auto tp = clock::now();
+      int64_t n = 0;
+      for (int64_t q = 0; q < B; ++q) {
+        if (done[static_cast<size_t>(q)]) continue;
+        tok[static_cast<size_t>(n)] = out[static_cast<size_t>(q)].tokens.back();
+        seq[static_cast<size_t>(n)] = static_cast<int32_t>(q);
+        pos[static_cast<size_t>(n)] = static_cast<int32_t>(len[static_cast<size_t>(q)] - 1);
+        want[static_cast<size_t>(n)] = 1;
+        ++n;
+      }
+      if (n == 0) break;
+      forward(n, tok.data(), seq.data(), pos.data(), want.data());
+      check_pass("decode step", static_cast<int64_t>(st.decode_step_seconds.size()), n, seq.data(), pos.data(), want.data());
+      for (int64_t i = 0; i < n && !st.cancelled; ++i) {
+        const float* lg = logits_.data() + i * V;
+        const int64_t q = seq[static_cast<size_t>(i)];
+        if (opts.record_logits) out[static_cast<size_t>(q)].logits.insert(out[static_cast<size_t>(q)].logits.end(), lg, lg + V);
+        accept(q, lg);
+        ++st.decode_tokens;
+      }
+      clock_.lap(Stage::Sampling);
+      st.decode_step_seconds.push_back(std::chrono::duration<double>(clock::now() - tp).count());
     }
-    if (n == 0) break;
-    forward(n, tok.data(), seq.data(), pos.data(), want.data());
-    for (int64_t i = 0; i < n && !st.cancelled; ++i) {
-      const float* lg = logits_.data() + i * V;
-      const int64_t q = seq[static_cast<size_t>(i)];
-      if (opts.record_logits) out[static_cast<size_t>(q)].logits.insert(out[static_cast<size_t>(q)].logits.end(), lg, lg + V);
-      accept(q, lg);
-      ++st.decode_tokens;
-    }
-    clock_.lap(Stage::Sampling);
-    st.decode_step_seconds.push_back(std::chrono::duration<double>(clock::now() - tp).count());
+    clock_.set_phase(Phase::Prefill);
+    st.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  } catch (const GenerationError&) {
+    throw;
+  } catch (const Error& e) {
+    clock_.set_phase(Phase::Prefill);
+    for (auto& o : out)
+      if (o.finish_reason.empty()) o.finish_reason = "error";
+    if (stats) *stats = st;
+    throw GenerationError(e, std::move(out), std::move(st));
   }
-  clock_.set_phase(Phase::Prefill);
-  st.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
   if (st.cancelled)
     for (auto& o : out)
       if (o.finish_reason.empty()) o.finish_reason = st.interrupted ? "interrupted" : "cancelled";

@@ -16,6 +16,7 @@
 #include "coordinator/sampling.h"
 #include "coordinator/stage_clock.h"
 #include "model/colibri_file.h"
+#include "model/error.h"
 #include "worker/worker.h"
 
 namespace colibri {
@@ -43,6 +44,10 @@ struct EngineOptions {
   // The dense part (embedding, attention, KV cache, router, dense FFNs, LM head)
   // on this CUDA GPU (coordinator/gpu_dense.h); -1: on the CPU.
   int device = -1;
+  // Debugging aid (--check-numerics): check every row after each stage of every
+  // layer (embedding, attention, feed-forward) and name the first layer and
+  // stage where a NaN or infinity appears. The logits are always checked.
+  bool check_numerics = false;
 };
 
 struct Request {
@@ -60,7 +65,7 @@ struct SequenceOutput {
   // With record_logits: [prompt_len + tokens.size() - 1][vocab] row p holds the
   // logits after position p (the last prompt row predicts the first new token).
   std::vector<float> logits;
-  std::string finish_reason;  // "length", "eos", "stop", "cancelled" or "interrupted"
+  std::string finish_reason;  // "length", "eos", "stop", "cancelled", "interrupted" or "error"
 };
 
 struct GenerateOptions {
@@ -85,6 +90,23 @@ struct GenerateStats {
   // Wall time of each forward pass of the prefill (sampling included) and of
   // each decode step (forward pass and sampling), in order.
   std::vector<double> prefill_pass_seconds, decode_step_seconds;
+};
+
+// Thrown by generate() when a run fails after it started: a communication
+// error or lost rank, non-finite logits (Status::Numerical), the model file
+// changed (Status::FileChanged), a corrupt expert block. The error's status and
+// message, with every sequence's output so far (unfinished ones end with
+// finish_reason "error"; the failed pass's tokens are not among them) and the stats.
+class GenerationError : public Error {
+ public:
+  GenerationError(const Error& e, std::vector<SequenceOutput> partial, GenerateStats stats)
+      : Error(e.status(), e.what()), partial_(std::move(partial)), stats_(std::move(stats)) {}
+  const std::vector<SequenceOutput>& partial() const { return partial_; }
+  const GenerateStats& stats() const { return stats_; }
+
+ private:
+  std::vector<SequenceOutput> partial_;
+  GenerateStats stats_;
 };
 
 class Engine {
@@ -127,6 +149,17 @@ class Engine {
   void attention_mla(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
   // Feed-forward block of `layer` on xn_ -> moe_.
   void feed_forward(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
+  // After a forward pass: the model file is unchanged (Error(FileChanged)) and
+  // every logit row written is finite (Error(Numerical) naming the pass, the
+  // sequence and the position). phase and index: "decode step", 7. Allocates nothing
+  // unless it throws.
+  void check_pass(const char* phase, int64_t index, int64_t n, const int32_t* seqs, const int32_t* pos,
+                  const uint8_t* want_logits) const;
+  // --check-numerics: rows [0, n) of `x` (width w) after `stage` of `layer` are
+  // finite; with normed_next (the residual stream) also within what the next
+  // RMSNorm can square without overflow.
+  void check_stage(const char* stage, int layer, int64_t n, const float* x, int64_t w, const int32_t* seqs,
+                   const int32_t* pos, bool normed_next = false) const;
   // The routed experts of MoE layer `moe` on rows xn: the router's choices
   // (host) replayed and traced as asked, the rows exchanged and combined into
   // out. stream null: xn and out host memory; else device memory, the work
@@ -141,6 +174,7 @@ class Engine {
   RoutingTraceWriter* trace_ = nullptr;
   std::shared_ptr<RoutingReplay> replay_;
   bool stage_sync_ = false;
+  bool check_numerics_ = false;
   StageClock clock_;
   int64_t step_ = 0;  // forward passes so far (the routing trace's step)
   bool workers_started_ = false, workers_stopped_ = false;

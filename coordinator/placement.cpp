@@ -14,6 +14,7 @@
 
 #include "coordinator/routing_trace.h"
 #include "model/error.h"
+#include "model/file_io.h"
 #include "model/json_util.h"
 
 namespace colibri {
@@ -214,12 +215,7 @@ std::string Placement::to_json() const {
 }
 
 Placement Placement::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(Status::Io, "cannot open placement '" + path + "': " + std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error(Status::Io, "error reading placement '" + path + "'");
-  return from_json(ss.str(), "placement '" + path + "'");
+  return from_json(read_input(path, "placement"), "placement '" + path + "'");
 }
 
 Placement Placement::load(const std::string& path, int world_size, int num_layers, int num_experts) {
@@ -233,16 +229,7 @@ Placement Placement::load(const std::string& path, int world_size, int num_layer
 }
 
 void Placement::save(const std::string& path) const {
-  const std::string text = to_json(), tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw Error(Status::Io, "cannot create placement '" + tmp + "': " + std::strerror(errno));
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    throw Error(Status::Io, "cannot write placement '" + path + "': " + std::strerror(err));
-  }
+  write_output(path, to_json());
 }
 
 // ---- policies -----------------------------------------------------------------

@@ -22,6 +22,7 @@
 #include "model/config.h"
 #include "model/error.h"
 #include "model/json_util.h"
+#include "model/file_io.h"
 
 namespace colibri {
 
@@ -253,32 +254,14 @@ void read_mixtral(std::ifstream& in, json first, const std::string& path, int64_
   if (!dataset.empty()) spdlog::debug("{}: Mixtral trace of dataset '{}'", path, dataset);
 }
 
-// Writes `text` to PATH.tmp and renames it to PATH.
-void write_atomic(const std::string& path, const std::string& text, const char* what) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw Error(Status::Io, std::string("cannot create ") + what + " '" + tmp + "': " + std::strerror(errno));
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    throw Error(Status::Io, std::string("cannot write ") + what + " '" + tmp + "': " + std::strerror(err));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    throw Error(Status::Io, "cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
-  }
-}
-
 }  // namespace
 
 // ---- writer -----------------------------------------------------------------
 
 struct RoutingTraceWriter::Impl {
   std::string path, tmp;
-  std::FILE* f = nullptr;
+  std::unique_ptr<AtomicOutput> out;  // PATH.tmp.XXXXXX until close()
+  std::FILE* f = nullptr;             // out's stream
   int layers = 0, experts = 0, top_k = 0;
   uint64_t rows = 0;
   int uncaught = 0;  // std::uncaught_exceptions() at construction
@@ -297,14 +280,13 @@ RoutingTraceWriter::RoutingTraceWriter(const std::string& path, int num_layers, 
                                              std::to_string(top_k) + ")");
   auto& m = *impl_;
   m.path = path;
-  m.tmp = path + ".tmp";
   m.layers = num_layers;
   m.experts = num_experts;
   m.top_k = top_k;
   m.uncaught = std::uncaught_exceptions();
-  m.f = std::fopen(m.tmp.c_str(), "wb");
-  if (!m.f) throw Error(Status::Io, "cannot create routing trace '" + m.tmp + "': " + std::strerror(errno));
-  std::setvbuf(m.f, nullptr, _IOFBF, 1 << 20);
+  m.out = std::make_unique<AtomicOutput>(path);
+  m.tmp = m.out->temp_path();
+  m.f = m.out->stream();
   nlohmann::ordered_json h = {{"format", "colibri-routing"},
                               {"version", 1},
                               {"num_layers", num_layers},
@@ -318,9 +300,8 @@ RoutingTraceWriter::~RoutingTraceWriter() {
   auto& m = *impl_;
   if (!m.f) return;
   if (std::uncaught_exceptions() > m.uncaught) {
-    std::fclose(m.f);
     m.f = nullptr;
-    std::remove(m.tmp.c_str());
+    m.out->discard();
     spdlog::warn("routing trace '{}' not written: the run failed", m.path);
     return;
   }
@@ -389,20 +370,8 @@ void RoutingTraceWriter::flush() {
 void RoutingTraceWriter::close() {
   auto& m = *impl_;
   if (!m.f) return;
-  std::FILE* f = m.f;
   m.f = nullptr;
-  bool ok = std::fflush(f) == 0;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    int err = errno;
-    std::remove(m.tmp.c_str());
-    throw Error(Status::Io, "cannot write routing trace '" + m.tmp + "': " + std::strerror(err));
-  }
-  if (std::rename(m.tmp.c_str(), m.path.c_str()) != 0) {
-    int err = errno;
-    std::remove(m.tmp.c_str());
-    throw Error(Status::Io, "cannot rename '" + m.tmp + "' to '" + m.path + "': " + std::strerror(err));
-  }
+  m.out->commit();  // flushes, fsyncs, renames; removes the temporary on failure
 }
 
 const std::string& RoutingTraceWriter::path() const { return impl_->path; }
@@ -411,6 +380,7 @@ uint64_t RoutingTraceWriter::rows_written() const { return impl_->rows; }
 // ---- reader -----------------------------------------------------------------
 
 RoutingTrace read_routing_trace(const std::string& path) {
+  check_input(path, "routing trace");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(Status::Io, "cannot open routing trace '" + path + "': " + std::strerror(errno));
   RoutingTrace t;
@@ -496,18 +466,15 @@ void save_expert_stats(const ExpertStats& s, const std::string& path) {
     o << "]" << (l + 1 < s.load.size() ? ",\n" : "\n");
   }
   o << "]}\n";
-  write_atomic(path, o.str(), "expert stats");
+  write_output(path, o.str());
 }
 
 ExpertStats load_expert_stats(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(Status::Io, "cannot open expert stats '" + path + "': " + std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_input(path, "expert stats");
   const std::string what = "expert stats '" + path + "': ";
   json j;
   try {
-    j = json::parse(ss.str());
+    j = json::parse(text);
   } catch (const json::exception& e) {
     throw Error(Status::Format, what + "malformed JSON: " + e.what());
   }

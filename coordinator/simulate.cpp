@@ -11,6 +11,7 @@
 #include "coordinator/routing_trace.h"
 #include "model/config.h"
 #include "model/error.h"
+#include "model/file_io.h"
 
 namespace colibri {
 
@@ -136,11 +137,7 @@ ClusterSpec ClusterSpec::from_json(const std::string& text, const std::string& s
 }
 
 ClusterSpec ClusterSpec::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(Status::Io, "cannot read cluster file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_json(ss.str(), path);
+  return from_json(read_input(path, "cluster file"), path);
 }
 
 double roofline_seconds(double flops, double bytes, const DeviceSpec& d) {

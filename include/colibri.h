@@ -27,7 +27,12 @@ typedef enum colibri_status {
   COLIBRI_ERR_OUT_OF_MEMORY = 6,    /* an allocation or a memory budget failed */
   COLIBRI_ERR_COMM = 7,             /* a communicator call failed or a rank was lost */
   COLIBRI_ERR_CANCELLED = 8,        /* stopped by the caller (callback returned non-zero) */
-  COLIBRI_ERR_INTERNAL = 9          /* a bug: please report it */
+  COLIBRI_ERR_INTERNAL = 9,         /* a bug: please report it */
+  COLIBRI_ERR_NUMERICAL = 10,       /* numerical failure: a forward pass gave NaN, infinite or
+                                       degenerate (all equal) logits, the model's weights or config
+                                       overflow; the tokens generated before it are kept */
+  COLIBRI_ERR_FILE_CHANGED = 11     /* the model file was truncated or rewritten while in use; the
+                                       handle is unusable: free it and open the file again */
 } colibri_status;
 
 /* Engine configuration; get defaults from colibri_default_config(). */

@@ -42,6 +42,7 @@
 #include "model/colibri_file.h"
 #include "model/error.h"
 #include "model/text.h"
+#include "model/file_io.h"
 
 namespace colibri::cli {
 
@@ -351,7 +352,7 @@ void check_csv_header(const std::string& path, const std::string& header) {
 // new or empty; refuses a file whose header differs. One write(2) per row.
 void append_csv(const std::string& path, const std::string& header, const std::string& row) {
   check_csv_header(path, header);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NONBLOCK | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(Status::Io, "cannot open --csv " + path + ": " + std::strerror(errno));
   const bool empty = ::lseek(fd, 0, SEEK_END) == 0;
   const std::string text = (empty ? header + "\n" : std::string()) + row + "\n";
@@ -386,9 +387,7 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
   ColibriFile::Options fo;
   fo.verify_dense = rank == 0 && r.count("no-verify") == 0;
   const std::string model_path = r["model"].as<std::string>();
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(model_path, ec))
-    throw Error(Status::Io, "--model '" + model_path + "' is not a readable file");
+  check_input(model_path, "--model");  // a FIFO or directory is refused at once
   std::shared_ptr<const ColibriFile> file = ColibriFile::open(model_path, fo);
   const ModelConfig& c = file->config();
   if (P + N > c.max_position_embeddings)
@@ -420,7 +419,10 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
             ": bench kills worker ranks only (rank 0's faults are for colibri run)");
   // Before any work: a CSV this build cannot append to is refused now, not after the run.
   const std::string csv_path = r.count("csv") ? r["csv"].as<std::string>() : "";
-  if (!csv_path.empty()) check_csv_header(csv_path, csv_header());
+  if (!csv_path.empty()) {
+    check_output_options(r, {"csv"}, option_paths(r, {"model", "placement", "stats", "routing-replay"}));
+    check_csv_header(csv_path, csv_header());
+  }
   const std::shared_ptr<RoutingReplay> replay = es.replay;
   const std::string& replay_path = es.replay_path;
   // With several ranks, barriers separate waiting from transfer; with the dense
@@ -1289,9 +1291,7 @@ int bench_tokenizer(const cxxopts::ParseResult& r) {
   std::string text, source = "synthetic";
   if (r.count("text-file")) {
     source = r["text-file"].as<std::string>();
-    std::ifstream in(source, std::ios::binary);
-    if (!in) throw Error(Status::Io, "cannot read --text-file '" + source + "'");
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    text = read_input(source, "--text-file");
     if (text.empty()) bad_arg("--text-file '" + source + "' is empty");
   } else {
     text = synthetic_text(4u << 20);

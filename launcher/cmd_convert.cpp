@@ -15,8 +15,10 @@ namespace colibri::cli {
 
 int cmd_convert(int argc, char** argv) {
   cxxopts::Options o("colibri convert", "Convert a Hugging Face checkpoint directory (config.json + safetensors,\n"
-                                        "single file or sharded) to one .colibri file. Writes OUT.tmp and renames it\n"
-                                        "only when complete.");
+                                        "single file or sharded) to one .colibri file. Writes a temporary beside OUT\n"
+                                        "(OUT.tmp.XXXXXX) and renames it only when complete; refuses an OUT that is one of\n"
+                                        "the checkpoint's files or an existing device, FIFO or directory, and weights\n"
+                                        "that are NaN or infinite (or overflow --dtype) unless --allow-non-finite.");
   o.add_options()("input", "Hugging Face model directory", cxxopts::value<std::string>())(
       "output", "Output .colibri file", cxxopts::value<std::string>())(
       "dtype", "Storage of matrices: f32, bf16 or f16 (norms stay f32); default: the checkpoint's",
@@ -27,6 +29,8 @@ int cmd_convert(int argc, char** argv) {
       "int8 or int4 the same way (embedding table and routers stay in --dtype)", cxxopts::value<std::string>())(
       "group-size", "Inputs per quantisation group, for both options: 16, 32, 64 or 128 (must divide every "
       "quantised matrix's input width)", cxxopts::value<std::string>()->default_value("32"))(
+      "allow-non-finite", "Convert NaN or infinite weights instead of refusing them (the model then gives "
+      "non-finite logits, which generation refuses)")(
       "no-tokenizer", "Do not embed the checkpoint's tokenizer (tokenizer.json or tokenizer.model)");
   add_common_options(o);
   o.parse_positional({"input", "output"});
@@ -67,6 +71,7 @@ int cmd_convert(int argc, char** argv) {
     co.group_size = v;
   }
   co.tokenizer = r.count("no-tokenizer") == 0;
+  co.allow_non_finite = r.count("allow-non-finite") > 0;
   Progress prog("convert");
   co.progress = [&](uint64_t d, uint64_t t, const std::string&) { prog.update(d, t); };
   install_stop_handlers();

@@ -37,6 +37,7 @@ int cmd_place(int argc, char** argv) {
   auto r = o.parse(argc, argv);
   if (handle_common(o, r)) return 0;
 
+  check_output_options(r, {"out"}, option_paths(r, {"model", "stats", "eval"}));
   int layers = 0, experts = 0;
   if (r.count("model")) {
     if (r.count("layers") || r.count("experts"))

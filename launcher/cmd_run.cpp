@@ -25,6 +25,7 @@
 #include "launcher/signals.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
+#include "model/file_io.h"
 #include "model/npy.h"
 #include "model/text.h"
 
@@ -83,7 +84,9 @@ void add_generation_options(cxxopts::Options& o) {
       "max-context", "KV cache positions per sequence; 0 = what the prompts need",
       cxxopts::value<int64_t>()->default_value("0"))(
       "kernels", "CPU kernels: auto, avx2 or generic", cxxopts::value<std::string>()->default_value("auto"))(
-      "no-verify", "Skip the checksum check of dense tensors at load");
+      "no-verify", "Skip the checksum check of dense tensors at load")(
+      "check-numerics", "Debugging: check every activation after each stage of every layer and name the first "
+      "layer and stage where a NaN or infinity appears (slower; the logits are always checked)");
   add_cluster_options(o);
 }
 
@@ -129,16 +132,15 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     }
 
     // ---- coordinator ----
+    // Before any work: an output never replaces an input or a special file.
+    check_output_options(r, {"dump-logits", "record-routing"},
+                         option_paths(r, {"model", "placement", "stats", "routing-replay"}, {"prompt-file"}));
     // Text prompts (--prompt, then --prompt-file) go through the embedded
     // tokenizer, and the output is text; --prompt-ids keeps the id lines.
     std::vector<std::string> texts;
     if (r.count("prompt")) texts = r["prompt"].as<std::vector<std::string>>();
     if (r.count("prompt-file"))
-      for (const auto& fn : r["prompt-file"].as<std::vector<std::string>>()) {
-        std::ifstream in(fn, std::ios::binary);
-        if (!in) throw Error(Status::Io, "cannot read --prompt-file '" + fn + "'");
-        texts.emplace_back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      }
+      for (const auto& fn : r["prompt-file"].as<std::vector<std::string>>()) texts.push_back(read_input(fn, "--prompt-file"));
     const bool text_mode = r.count("prompt") > 0 || r.count("prompt-file") > 0;
     if (text_mode && r.count("prompt-ids"))
       throw Error(Status::InvalidArgument, "give either text prompts (--prompt, --prompt-file) or --prompt-ids, not both");
@@ -198,6 +200,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     eo.device = es.dense_device;
     eo.replay = es.replay;
     eo.trace = trace.get();
+    eo.check_numerics = r.count("check-numerics") > 0;
     Engine engine(file, eo, *comm);
     engine.start_workers();  // now, so that even an early stop finds the workers set up
     engine.validate(reqs);  // before any work, with the model's own limits
@@ -244,10 +247,22 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       };
     }
     GenerateStats st;
-    auto out = engine.generate(reqs, go, &st);
-    if (trace) trace->close();
+    std::vector<SequenceOutput> out;
+    // A run that fails after it started (a lost or stuck rank, non-finite
+    // logits, the model file changed) still prints what it generated, marked
+    // partial, and the reason; then the error ends the run (and the job).
+    std::unique_ptr<Error> failure;
+    try {
+      out = engine.generate(reqs, go, &st);
+    } catch (const GenerationError& e) {
+      out = e.partial();
+      st = e.stats();
+      failure = std::make_unique<Error>(e.status(), e.what());
+    }
+    if (trace && !failure) trace->close();
 
     const int sig = st.interrupted;
+    const bool partial = sig != 0 || failure != nullptr;
     FILE* rep = text_mode ? stderr : stdout;
     if (text_mode) {
       for (size_t i = 0; i < out.size(); ++i) {
@@ -258,7 +273,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
           std::printf("\n");
         } else if (!printed[i]) {
           ts.finish();
-          print_text("[" + std::to_string(i) + "]" + (sig ? " (partial) " : " "), ts.text());
+          print_text("[" + std::to_string(i) + "]" + (partial ? " (partial) " : " "), ts.text());
         }
         spdlog::info("sequence {}: {} prompt tokens, {} new tokens, finish_reason {}", i, reqs[i].prompt.size(),
                      out[i].tokens.size(), out[i].finish_reason);
@@ -268,9 +283,16 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       for (size_t i = 0; i < out.size(); ++i) {
         std::string ids;
         for (size_t j = 0; j < out[i].tokens.size(); ++j) ids += (j ? "," : "") + std::to_string(out[i].tokens[j]);
-        std::printf("sequence %zu%s: %s\n", i, sig ? " (partial)" : "", ids.c_str());
+        std::printf("sequence %zu%s: %s\n", i, sig || out[i].finish_reason == "error" ? " (partial)" : "", ids.c_str());
       }
     if (sig) std::fprintf(rep, "interrupted by %s: the sequences above are partial\n", signal_name(sig));
+    if (failure) {
+      std::fprintf(rep, "stopped by an error (%s, exit %d): the sequences above are partial\n",
+                   status_name(failure->status()), exit_code(failure->status()));
+      std::fflush(stdout);
+      std::fflush(rep);
+      throw Error(*failure);
+    }
     // NOTE: stdout to a file is fully buffered; flush now, so a SIGKILL while
     // stopping the workers (mpirun's, 1 s after its SIGTERM) cannot lose the tokens.
     std::fflush(stdout);

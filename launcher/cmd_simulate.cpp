@@ -18,6 +18,7 @@
 #include "model/colibri_file.h"
 #include "model/config.h"
 #include "model/error.h"
+#include "model/file_io.h"
 
 namespace colibri::cli {
 
@@ -32,13 +33,10 @@ ModelConfig load_model_config(const std::string& path) {
     return ColibriFile::open(path, fo)->config();
   }
   const std::string file = fs::is_directory(path) ? (fs::path(path) / "config.json").string() : path;
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw Error(Status::Io, "cannot read model config '" + file + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_input(file, "model config");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(Status::Format, "model config '" + file + "': not valid JSON: " + e.what());
   }

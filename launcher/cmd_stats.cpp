@@ -31,6 +31,7 @@ int cmd_stats(int argc, char** argv) {
   const int top = r["top"].as<int>();
   if (top < 0) throw Error(Status::InvalidArgument, "--top must be >= 0");
 
+  check_output_options(r, {"out"}, option_paths(r, {"trace"}));
   const RoutingTrace trace = read_routing_trace(r["trace"].as<std::string>());
   if (trace.records.empty()) throw Error(Status::Format, "routing trace '" + trace.source + "' holds no routing rows");
   const ExpertStats s = aggregate_stats(trace);

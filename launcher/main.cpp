@@ -2,6 +2,7 @@
 // into messages and exit codes (the only place that does).
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 
 #include "launcher/commands.h"
 #include "model/error.h"
+#include "model/file_io.h"
 
 namespace colibri::cli {
 
@@ -33,6 +35,35 @@ bool handle_common(const cxxopts::Options& o, const cxxopts::ParseResult& r) {
   if (r.count("verbose")) lvl = spdlog::level::debug;
   spdlog::set_level(lvl);
   return false;
+}
+
+std::vector<std::string> option_paths(const cxxopts::ParseResult& r, std::initializer_list<const char*> single,
+                                      std::initializer_list<const char*> repeated) {
+  std::vector<std::string> v;
+  for (const char* n : single)
+    if (r.count(n)) v.push_back(r[n].as<std::string>());
+  for (const char* n : repeated)
+    if (r.count(n))
+      for (const auto& x : r[n].as<std::vector<std::string>>()) v.push_back(x);
+  return v;
+}
+
+void check_output_options(const cxxopts::ParseResult& r, std::initializer_list<const char*> outputs,
+                          const std::vector<std::string>& inputs) {
+  std::vector<std::string> seen;  // the outputs checked so far: two must not be one file
+  for (const char* n : outputs) {
+    if (!r.count(n)) continue;
+    const std::string out = r[n].as<std::string>();
+    check_output(out, inputs, "--" + std::string(n));
+    for (const std::string& s : seen) {
+      struct stat a {}, b {};
+      if (s == out || (::stat(s.c_str(), &a) == 0 && ::stat(out.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
+                       a.st_ino == b.st_ino))
+        throw colibri::Error(colibri::Status::InvalidArgument,
+                             "--" + std::string(n) + " '" + out + "' is also the output of another option ('" + s + "')");
+    }
+    seen.push_back(out);
+  }
 }
 
 void Progress::update(uint64_t done, uint64_t total) {
@@ -81,7 +112,8 @@ void usage(std::FILE* f) {
   std::fprintf(f, "usage: colibri <command> [options]   (colibri <command> --help for its options)\n\ncommands:\n");
   for (const auto& c : kCommands) std::fprintf(f, "  %-10s %s\n", c.name, c.help);
   std::fprintf(f, "\nexit codes: 0 ok, 2 usage, 11 invalid argument, 12 i/o, 13 malformed file, 14 checksum,\n"
-                  "            15 unsupported, 16 out of memory, 17 communication, 18 cancelled, 19 internal\n");
+                  "            15 unsupported, 16 out of memory, 17 communication, 18 cancelled, 19 internal,\n"
+                  "            20 numerical failure, 21 model file changed while in use, 130/143 stopped by SIGINT/SIGTERM\n");
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/error.h"
+#include "model/file_io.h"
 
 namespace colibri {
 
@@ -475,9 +476,8 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
 // Writer
 
 struct ColibriWriter::Impl {
-  std::string path, tmp;
-  int fd = -1;
-  bool finished = false;
+  std::string path;
+  std::unique_ptr<AtomicOutput> out;  // PATH.tmp.XXXXXX until finish()
   ModelConfig config;
   std::vector<DenseTensor> dense;
   std::vector<TensorRecord> tensor_records;
@@ -488,19 +488,7 @@ struct ColibriWriter::Impl {
   std::string config_text;
   FileHeader header{};
 
-  void pwrite_all(const void* p, size_t n, uint64_t off) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      ssize_t w = ::pwrite(fd, c, n, static_cast<off_t>(off));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        throw Error(Status::Io, "write to '" + tmp + "' failed: " + std::strerror(errno));
-      }
-      c += w;
-      n -= static_cast<size_t>(w);
-      off += static_cast<uint64_t>(w);
-    }
-  }
+  void pwrite_all(const void* p, size_t n, uint64_t off) { out->pwrite(p, n, off); }
 };
 
 ColibriWriter::ColibriWriter(const std::string& path, const ModelConfig& config, const std::vector<DenseTensor>& dense,
@@ -508,7 +496,6 @@ ColibriWriter::ColibriWriter(const std::string& path, const ModelConfig& config,
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.path = path;
-  m.tmp = path + ".tmp";
   m.config = config;
   m.config.fill_defaults();
   m.config.validate();
@@ -570,21 +557,16 @@ ColibriWriter::ColibriWriter(const std::string& path, const ModelConfig& config,
   m.dense_written.assign(dense.size(), false);
   m.expert_written.assign(m.expert_records.size(), false);
 
-  m.fd = ::open(m.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (m.fd < 0) throw Error(Status::Io, "cannot create '" + m.tmp + "': " + std::strerror(errno));
-  if (::ftruncate(m.fd, static_cast<off_t>(h.file_size)) != 0) {
+  m.out = std::make_unique<AtomicOutput>(path);
+  if (::ftruncate(m.out->fd(), static_cast<off_t>(h.file_size)) != 0) {
     const int e = errno;
-    ::close(m.fd);  // NOTE: the destructor does not run for a throwing constructor
-    ::unlink(m.tmp.c_str());
-    throw Error(Status::Io, "cannot size '" + m.tmp + "' to " + std::to_string(h.file_size) + " bytes: " + std::strerror(e));
+    throw Error(Status::Io, "cannot size '" + m.out->temp_path() + "' to " + std::to_string(h.file_size) +
+                                " bytes: " + std::strerror(e));
   }
 }
 
-ColibriWriter::~ColibriWriter() {
-  if (!impl_) return;
-  if (impl_->fd >= 0) ::close(impl_->fd);
-  if (!impl_->finished) ::unlink(impl_->tmp.c_str());
-}
+// NOTE: an unfinished writer's AtomicOutput removes its temporary.
+ColibriWriter::~ColibriWriter() = default;
 
 size_t ColibriWriter::num_dense() const { return impl_->dense.size(); }
 const ColibriWriter::DenseTensor& ColibriWriter::dense(size_t i) const { return impl_->dense.at(i); }
@@ -629,12 +611,7 @@ void ColibriWriter::finish() {
   h.meta_checksum = checksum64(meta.data(), meta.size());
   m.pwrite_all(meta.data(), meta.size(), h.config_offset);
   m.pwrite_all(&h, sizeof h, 0);
-  if (::fsync(m.fd) != 0) throw Error(Status::Io, "fsync of '" + m.tmp + "' failed: " + std::strerror(errno));
-  ::close(m.fd);
-  m.fd = -1;
-  if (std::rename(m.tmp.c_str(), m.path.c_str()) != 0)
-    throw Error(Status::Io, "cannot rename '" + m.tmp + "' to '" + m.path + "': " + std::strerror(errno));
-  m.finished = true;
+  m.out->commit();
 }
 
 }  // namespace colibri

@@ -188,6 +188,9 @@ class ColibriFile {
   void verify_expert(const ExpertView& e) const;
   void verify_tensor(const TensorView& t) const;
   void prefetch(uint64_t offset, uint64_t size) const { file_.prefetch(offset, size); }
+  // Throws Error(FileChanged) if the file was truncated or rewritten in place
+  // since it was opened (mapped_file.h); one fstat.
+  void check_unchanged() const { file_.check_unchanged(); }
 
   // The embedded tokenizer file (the "tokenizer" record, kind and options in
   // config().tokenizer), or null when the file has none. Not in tensors().

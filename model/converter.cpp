@@ -19,6 +19,7 @@
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
 #include "model/text.h"
+#include "model/file_io.h"
 
 namespace colibri {
 
@@ -192,13 +193,7 @@ namespace {
 
 // ---- the checkpoint's tokenizer -------------------------------------------
 
-std::string read_whole(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(Status::Io, "cannot read '" + p.string() + "'");
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw Error(Status::Io, "cannot read '" + p.string() + "'");
-  return s;
-}
+std::string read_whole(const fs::path& p) { return read_input(p.string(), "checkpoint file"); }
 
 // An optional JSON file of the checkpoint: null when absent.
 nlohmann::json read_json_opt(const fs::path& p) {
@@ -328,9 +323,9 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
   fs::path cfg_path = fs::path(hf_dir) / "config.json";
   if (!fs::exists(cfg_path)) throw Error(Status::Io, "'" + hf_dir + "' has no config.json");
   nlohmann::json hf;
+  const std::string cfg_text = read_input(cfg_path.string(), "config.json");
   try {
-    std::ifstream in(cfg_path);
-    hf = nlohmann::json::parse(in);
+    hf = nlohmann::json::parse(cfg_text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(Status::Format, cfg_path.string() + ": not valid JSON (" + e.what() + ")");
   }
@@ -354,6 +349,26 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
     cfg.dense_quant.group_size = qgroup;
   }
   Checkpoint ck(hf_dir);
+  {
+    // NOTE: before anything is read or written: OUT must not be one of the
+    // files the conversion reads, nor a device or FIFO that the rename would replace.
+    std::vector<std::string> inputs = ck.files();
+    for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer.model",
+                          "tokenizer_config.json"})
+      inputs.push_back((fs::path(hf_dir) / f).string());
+    check_output(out_path, inputs, "convert: output");
+  }
+  // Non-finite weights are refused (unless allowed) naming the tensor and element.
+  auto finite = [&](const void* data, DType t, size_t n, const std::string& what) {
+    if (opts.allow_non_finite) return;
+    const int64_t i = find_non_finite(data, t, n);
+    if (i < 0) return;
+    float v = 0;
+    convert_elements(static_cast<const uint8_t*>(data) + static_cast<size_t>(i) * dtype_size(t), t, &v, DType::F32, 1);
+    throw Error(Status::Numerical, what + ": element " + std::to_string(i) + " is " + std::to_string(v) +
+                                       (t != DType::F32 ? " in " + std::string(dtype_name(t)) + " storage" : std::string()) +
+                                       "; a model with non-finite weights gives NaN logits (--allow-non-finite converts it anyway)");
+  };
 
   const SafeTensor& embd = expect(ck, "model.embed_tokens.weight", {cfg.vocab_size, cfg.hidden_size});
   const DType dtype = opts.dtype.value_or(*embd.dtype);
@@ -450,6 +465,7 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
       ++res.dense_quantised;
     } else if (sources[i].kind == DenseSource::Direct) {
       convert_elements(src.data, *src.dtype, buf.data(), dense[i].dtype, n);
+      finite(buf.data(), dense[i].dtype, n, "tensor " + dense[i].name);
     } else {
       // kv_b_proj [nh * (nope + v), R]: head h's rows [0, nope) are W_uk[h],
       // rows [nope, nope + v) are W_uv[h]. attn_k_b stores W_uk[h]^T ([R, nope]),
@@ -468,8 +484,10 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
         }
       }
       convert_elements(f32.data(), DType::F32, buf.data(), dense[i].dtype, n);
+      finite(buf.data(), dense[i].dtype, n, "tensor " + dense[i].name + " (from " + sources[i].name + ")");
     }
     w.write_dense(i, buf.data(), buf.size());
+    ck.check_unchanged();
     release_mapped_pages(src.data, src.nbytes);  // NOTE: keeps peak memory at about one tensor
     done += buf.size();
     ++res.tensors;
@@ -564,6 +582,10 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
         convert_elements(g.data(), DType::F32, buf.data() + lay.gate_offset, dtype, mat);
         convert_elements(u.data(), DType::F32, buf.data() + lay.up_offset, dtype, mat);
         convert_elements(dn.data(), DType::F32, buf.data() + lay.down_offset, dtype, mat);
+        const std::string who = "layer " + std::to_string(l) + " expert " + std::to_string(e);
+        finite(buf.data() + lay.gate_offset, dtype, mat, who + " gate");
+        finite(buf.data() + lay.up_offset, dtype, mat, who + " up");
+        finite(buf.data() + lay.down_offset, dtype, mat, who + " down");
       } else {
         // Row by row: codes [rows][row bytes], then f16 scales [rows][cols / group].
         auto quantize = [&](const float* src, int64_t rows, int64_t cols, uint64_t codes_off, uint64_t scales_off,
@@ -590,6 +612,10 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
         std::memcpy(buf.data() + lay.gate_bias_offset, gb.data(), gb.size() * sizeof(float));
         std::memcpy(buf.data() + lay.up_bias_offset, ub.data(), ub.size() * sizeof(float));
         std::memcpy(buf.data() + lay.down_bias_offset, db.data(), db.size() * sizeof(float));
+        const std::string who = "layer " + std::to_string(l) + " expert " + std::to_string(e);
+        finite(gb.data(), DType::F32, gb.size(), who + " gate bias");
+        finite(ub.data(), DType::F32, ub.size(), who + " up bias");
+        finite(db.data(), DType::F32, db.size(), who + " down bias");
       }
       w.write_expert(m, e, buf.data(), buf.size());
       for (const SafeTensor* x : used) release_mapped_pages(x->data, x->nbytes);
@@ -599,7 +625,10 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
     }
     for (const SafeTensor* x : {gu, dw, gub, dwb, gus, dws})
       if (x) release_mapped_pages(x->data, x->nbytes);
+    ck.check_unchanged();
   }
+  // NOTE: a shard truncated while it was read gave zeros (mapped_file.h): never commit those.
+  ck.check_unchanged();
   w.finish();
   res.bytes = w.total_bytes();
   res.dtype = dtype;

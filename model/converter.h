@@ -28,10 +28,13 @@ struct ConvertOptions {
   // Embed the checkpoint's tokenizer (tokenizer.json, else tokenizer.model, with
   // tokenizer_config.json and generation_config.json) when it has one.
   bool tokenizer = true;
+  // Convert weights that are NaN or infinite (or overflow the storage dtype)
+  // instead of refusing them with Error(Numerical) naming the tensor.
+  bool allow_non_finite = false;
   // Called after each tensor or expert block: (bytes written, total bytes, name).
   std::function<void(uint64_t, uint64_t, const std::string&)> progress;
   // Polled between tensors: non-zero (a signal number) stops the conversion
-  // with Error(Cancelled); OUT is not created and OUT.tmp is removed.
+  // with Error(Cancelled); OUT is not created and its temporary is removed.
   const std::atomic<int>* interrupt = nullptr;
 };
 
@@ -62,8 +65,11 @@ struct HfTensor {
 struct ModelConfig;
 std::vector<HfTensor> hf_checkpoint_plan(const ModelConfig& cfg);
 
-// Streams tensor by tensor into OUT.tmp and renames it to OUT when complete;
-// on any error OUT is untouched and OUT.tmp removed. Throws Error.
+// Streams tensor by tensor into a temporary beside OUT (OUT.tmp.XXXXXX) and
+// renames it to OUT when complete; on any error OUT is untouched and the
+// temporary removed. Refuses first an OUT that is one of the checkpoint's files
+// or an existing non-regular file (Error(InvalidArgument)), and non-finite
+// weights unless allowed (Error(Numerical)). Throws Error.
 ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& out_path, const ConvertOptions& opts);
 
 }  // namespace colibri

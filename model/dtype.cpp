@@ -50,6 +50,8 @@ extern "C" const char* colibri_status_string(colibri_status status) {
     case COLIBRI_ERR_COMM: return "communication error";
     case COLIBRI_ERR_CANCELLED: return "cancelled";
     case COLIBRI_ERR_INTERNAL: return "internal error";
+    case COLIBRI_ERR_NUMERICAL: return "numerical failure";
+    case COLIBRI_ERR_FILE_CHANGED: return "model file changed while in use";
   }
   return "unknown status";
 }
@@ -79,6 +81,27 @@ void convert_elements(const void* src, DType from, void* dst, DType to, size_t n
       case DType::BF16: { uint16_t h = f32_to_bf16(f); std::memcpy(d + 2 * i, &h, 2); break; }
     }
   }
+}
+
+int64_t find_non_finite(const void* data, DType t, size_t n) {
+  // NOTE: an all-ones exponent is Inf or NaN in each of the three formats.
+  switch (t) {
+    case DType::F32: {
+      const auto* u = static_cast<const uint32_t*>(data);
+      for (size_t i = 0; i < n; ++i)
+        if ((u[i] & 0x7f800000u) == 0x7f800000u) return static_cast<int64_t>(i);
+      return -1;
+    }
+    case DType::BF16:
+    case DType::F16: {
+      const uint16_t mask = t == DType::BF16 ? 0x7f80 : 0x7c00;
+      const auto* u = static_cast<const uint16_t*>(data);
+      for (size_t i = 0; i < n; ++i)
+        if ((u[i] & mask) == mask) return static_cast<int64_t>(i);
+      return -1;
+    }
+  }
+  return -1;
 }
 
 }  // namespace colibri

@@ -48,5 +48,8 @@ inline uint16_t f32_to_f16(float f) {
 
 // Converts n elements of type `from` at src to type `to` at dst.
 void convert_elements(const void* src, DType from, void* dst, DType to, size_t n);
+// Index of the first NaN or infinite element among n of type t, or -1 if all
+// are finite (bit tests: no conversion).
+int64_t find_non_finite(const void* data, DType t, size_t n);
 
 }  // namespace colibri

@@ -19,6 +19,8 @@ enum class Status : int {
   Comm = COLIBRI_ERR_COMM,
   Cancelled = COLIBRI_ERR_CANCELLED,
   Internal = COLIBRI_ERR_INTERNAL,
+  Numerical = COLIBRI_ERR_NUMERICAL,
+  FileChanged = COLIBRI_ERR_FILE_CHANGED,
 };
 
 class Error : public std::runtime_error {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "model/error.h"
+#include "model/file_io.h"
 
 namespace colibri {
 
@@ -21,20 +22,15 @@ void write_npy_f32(const std::string& path, const std::vector<int64_t>& shape, c
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header.push_back('\n');
-  // Written to PATH.tmp and renamed: PATH never holds a half-written array.
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw Error(Status::Io, "cannot create '" + tmp + "': " + std::strerror(errno));
+  // Written to a temporary beside PATH and renamed: PATH never holds a half-written array.
+  AtomicOutput out(path);
   const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
   uint16_t hl = static_cast<uint16_t>(header.size());
-  bool ok = std::fwrite(magic, 1, 8, f) == 8 && std::fwrite(&hl, 2, 1, f) == 1 &&
-            std::fwrite(header.data(), 1, header.size(), f) == header.size() &&
-            (n == 0 || std::fwrite(data, sizeof(float), n, f) == n);
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(Status::Io, "write to '" + path + "' failed");
-  }
+  out.write(magic, 8);
+  out.write(&hl, 2);
+  out.write(header);
+  out.write(data, n * sizeof(float));
+  out.commit();
 }
 
 }  // namespace colibri

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/error.h"
+#include "model/file_io.h"
 
 namespace colibri {
 
@@ -157,9 +158,10 @@ Checkpoint::Checkpoint(const std::string& dir) {
   fs::path index = d / "model.safetensors.index.json";
   if (fs::exists(index)) {
     json j;
+    const std::string text = read_input(index.string(), "checkpoint index");
+    files_.push_back(index.string());
     try {
-      std::ifstream in(index);
-      j = json::parse(in);
+      j = json::parse(text);
     } catch (const json::exception& e) {
       throw Error(Status::Format, index.string() + ": not valid JSON (" + e.what() + ")");
     }
@@ -175,6 +177,7 @@ Checkpoint::Checkpoint(const std::string& dir) {
         fs::path sp = d / shard;
         if (!fs::exists(sp)) throw Error(Status::Io, index.string() + " names shard '" + shard + "', which does not exist");
         shards_.push_back(std::make_unique<SafetensorsFile>(sp.string()));
+        files_.push_back(sp.string());
         opened[shard] = shards_.back().get();
       }
       const SafeTensor* t = opened[shard]->find(it.key());
@@ -183,10 +186,15 @@ Checkpoint::Checkpoint(const std::string& dir) {
     }
   } else if (fs::exists(d / "model.safetensors")) {
     shards_.push_back(std::make_unique<SafetensorsFile>((d / "model.safetensors").string()));
+    files_.push_back((d / "model.safetensors").string());
     for (const auto& t : shards_[0]->tensors()) by_name_[t.name] = &t;
   } else {
     throw Error(Status::Io, "'" + dir + "' has neither model.safetensors nor model.safetensors.index.json");
   }
+}
+
+void Checkpoint::check_unchanged() const {
+  for (const auto& s : shards_) s->mapping().check_unchanged();
 }
 
 const SafeTensor* Checkpoint::find(const std::string& name) const {
@@ -208,7 +216,8 @@ std::vector<std::string> Checkpoint::names() const {
 
 struct SafetensorsWriter::Impl {
   std::string path;
-  std::FILE* f = nullptr;
+  std::unique_ptr<AtomicOutput> out;  // PATH.tmp.XXXXXX until finish()
+  std::FILE* f = nullptr;             // out's stream
   std::vector<size_t> sizes;
   std::vector<std::string> names;
   size_t next = 0;
@@ -231,16 +240,15 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
   }
   std::string text = h.dump();
   while ((8 + text.size()) % 8) text.push_back(' ');  // keep data 8-byte aligned
-  impl_->f = std::fopen(path.c_str(), "wb");
-  if (!impl_->f) throw Error(Status::Io, "cannot create '" + path + "': " + std::strerror(errno));
+  impl_->out = std::make_unique<AtomicOutput>(path);
+  impl_->f = impl_->out->stream();
   uint64_t n = text.size();
   if (std::fwrite(&n, 8, 1, impl_->f) != 1 || std::fwrite(text.data(), 1, n, impl_->f) != n)
     throw Error(Status::Io, "write to '" + path + "' failed");
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (impl_ && impl_->f) std::fclose(impl_->f);
-}
+// NOTE: an unfinished writer's AtomicOutput removes its temporary.
+SafetensorsWriter::~SafetensorsWriter() = default;
 
 void SafetensorsWriter::write_next(const void* data, size_t nbytes) {
   if (impl_->next >= impl_->sizes.size()) throw Error(Status::Internal, "SafetensorsWriter: more tensors than declared");
@@ -252,11 +260,8 @@ void SafetensorsWriter::write_next(const void* data, size_t nbytes) {
 
 void SafetensorsWriter::finish() {
   if (impl_->next != impl_->sizes.size()) throw Error(Status::Internal, "SafetensorsWriter: fewer tensors written than declared");
-  if (std::fclose(impl_->f) != 0) {
-    impl_->f = nullptr;
-    throw Error(Status::Io, "closing '" + impl_->path + "' failed");
-  }
   impl_->f = nullptr;
+  impl_->out->commit();
 }
 
 }  // namespace colibri

@@ -32,6 +32,7 @@ class SafetensorsFile {
   const SafeTensor* find(const std::string& name) const;
   const std::string& path() const { return file_.path(); }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const MappedFile& mapping() const { return file_; }
 
   // Validates a header without a file (exposed for tests and fuzzing).
   // `header` is the JSON text, `data_size` the bytes after it.
@@ -56,9 +57,14 @@ class Checkpoint {
   const SafeTensor& get(const std::string& name) const;
   std::vector<std::string> names() const;
   size_t num_shards() const { return shards_.size(); }
+  // Every file read: the index (if any) and the shards.
+  const std::vector<std::string>& files() const { return files_; }
+  // Throws Error(FileChanged) if a shard was truncated or rewritten since it was mapped.
+  void check_unchanged() const;
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
+  std::vector<std::string> files_;
   std::map<std::string, const SafeTensor*> by_name_;
 };
 

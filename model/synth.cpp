@@ -4,6 +4,8 @@
 // (hf_checkpoint_plan), so a synthetic model converts and runs like a real one.
 #include "model/synth.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +19,7 @@
 #include "model/converter.h"
 #include "model/error.h"
 #include "model/safetensors.h"
+#include "model/file_io.h"
 
 namespace colibri {
 
@@ -362,19 +365,34 @@ uint64_t synthesize_model(const std::string& out_dir, const SynthOptions& opts) 
     total += n;
   }
 
+  auto shard_name = [&](size_t s) {
+    char fname[64];
+    if (shards.size() == 1)
+      std::snprintf(fname, sizeof fname, "model.safetensors");
+    else
+      std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    return std::string(fname);
+  };
+  {
+    // NOTE: before anything is written: no output may replace a device, FIFO or directory.
+    std::vector<std::string> outs = {(fs::path(out_dir) / "config.json").string()};
+    for (size_t s = 0; s < shards.size(); ++s) outs.push_back((fs::path(out_dir) / shard_name(s)).string());
+    if (shards.size() > 1) outs.push_back((fs::path(out_dir) / "model.safetensors.index.json").string());
+    struct stat st {};
+    if (::stat(out_dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+      throw Error(Status::InvalidArgument, "synth: --out '" + out_dir + "' exists and is " + file_kind(st.st_mode) +
+                                               ", not a directory");
+    for (const auto& o : outs) check_output(o, {}, "synth: output");
+  }
   fs::create_directories(out_dir);
-  std::ofstream(fs::path(out_dir) / "config.json") << cfg.dump(2) << "\n";
+  write_output((fs::path(out_dir) / "config.json").string(), cfg.dump(2) + "\n");
 
   json weight_map = json::object();
   uint64_t done = 0;
   std::vector<float> f32;
   std::vector<uint8_t> out;
   for (size_t s = 0; s < shards.size(); ++s) {
-    char fname[64];
-    if (shards.size() == 1)
-      std::snprintf(fname, sizeof fname, "model.safetensors");
-    else
-      std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    const std::string fname = shard_name(s);
     std::vector<SafetensorsWriter::Spec> specs;
     for (size_t i : shards[s]) specs.push_back({ts[i].name, dtype, ts[i].shape});
     SafetensorsWriter w((fs::path(out_dir) / fname).string(), specs, {{"format", "pt"}});
@@ -417,7 +435,7 @@ uint64_t synthesize_model(const std::string& out_dir, const SynthOptions& opts) 
   }
   if (shards.size() > 1) {
     json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    std::ofstream(fs::path(out_dir) / "model.safetensors.index.json") << index.dump(2) << "\n";
+    write_output((fs::path(out_dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   } else {
     fs::remove(fs::path(out_dir) / "model.safetensors.index.json");
   }

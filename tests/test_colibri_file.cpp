@@ -168,7 +168,7 @@ TEST_F(ColibriFileTest, HeaderAndLayout) {
   for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
     SCOPED_TRACE(dtype_name(dt));
     const std::string path = model_path(dt);
-    EXPECT_FALSE(fs::exists(path + ".tmp"));
+    EXPECT_FALSE(test::temp_left(path));
     auto f = ColibriFile::open(path);
     const FileHeader& h = f->header();
     const ModelConfig& c = f->config();
@@ -521,21 +521,22 @@ TEST_F(ColibriFileTest, FailedConversionLeavesNothing) {
     c.make(in);
     expect_error([&] { convert_checkpoint(in, out, ConvertOptions{}); }, c.status, c.needles);
     EXPECT_FALSE(fs::exists(out));
-    EXPECT_FALSE(fs::exists(out + ".tmp"));
+    EXPECT_FALSE(test::temp_left(out));
     // An existing OUT is left untouched.
     write_bytes(out, "previous contents");
     expect_error([&] { convert_checkpoint(in, out, ConvertOptions{}); }, c.status, c.needles);
     EXPECT_EQ(read_bytes(out), "previous contents");
-    EXPECT_FALSE(fs::exists(out + ".tmp"));
+    EXPECT_FALSE(test::temp_left(out));
   }
-  // Converting into an existing directory fails at the rename and removes the .tmp.
+  // Converting into an existing directory is refused before any work.
   fs::create_directories(d.file("outdir"));
-  expect_error([&] { convert_checkpoint(hf_, d.file("outdir"), ConvertOptions{}); }, Status::Io, {"cannot rename"});
-  EXPECT_FALSE(fs::exists(d.file("outdir.tmp")));
+  expect_error([&] { convert_checkpoint(hf_, d.file("outdir"), ConvertOptions{}); }, Status::InvalidArgument,
+               {"outdir", "is a directory"});
+  EXPECT_FALSE(test::temp_left(d.file("outdir")));
   EXPECT_TRUE(fs::is_directory(d.file("outdir")));
   // Into a directory that does not exist: nothing is created.
   expect_error([&] { convert_checkpoint(hf_, d.file("no/such/m.colibri"), ConvertOptions{}); }, Status::Io,
-               {"cannot create", "no/such/m.colibri.tmp"});
+               {"cannot create", "no/such/m.colibri"});
 }
 
 // ---------------------------------------------------------------------------
@@ -919,7 +920,7 @@ TEST_F(ColibriFileTest, TruncatedFilesAreRejected) {
 TEST_F(ColibriFileTest, OpenErrorsAreIo) {
   TempDir d;
   expect_error([&] { ColibriFile::open(d.file("absent.colibri")); }, Status::Io, {"cannot open", "absent.colibri"});
-  expect_error([&] { ColibriFile::open(d.path()); }, Status::Io, {"is not a regular file"});
+  expect_error([&] { ColibriFile::open(d.path()); }, Status::Io, {"is a directory, not a regular file"});
 }
 
 }  // namespace

@@ -89,7 +89,7 @@ TEST(Families, UnsupportedConfigurationsAreRefusedNamingTheField) {
     EXPECT_EQ(r.code, exit_code(c.status)) << r.err;
     for (const auto& n : c.needles) EXPECT_NE(r.err.find(n), std::string::npos) << "'" << n << "' not in: " << r.err;
     EXPECT_FALSE(std::filesystem::exists(tmp.file("out.colibri")));
-    EXPECT_FALSE(std::filesystem::exists(tmp.file("out.colibri.tmp")));
+    EXPECT_FALSE(temp_left(tmp.file("out.colibri")));
   }
 }
 

@@ -102,7 +102,7 @@ TEST(Placement, JsonRoundTrip) {
 
       const std::string path = dir.file("p.json");
       p.save(path);
-      EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+      EXPECT_FALSE(test::temp_left(path));
       auto r = Placement::load(path, 5, 4, 8);
       for (int l = 0; l < 4; ++l) EXPECT_EQ(layer_owners(r, l), layer_owners(p, l));
       expect_error([&] { Placement::load(path, 4, 4, 8); }, Status::InvalidArgument, {path, "made for 5 ranks", "has 4"});

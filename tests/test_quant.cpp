@@ -788,7 +788,7 @@ TEST(QuantConvert, BadOptionsFailClearlyAndWriteNothing) {
     o.group_size = c.g;
     test::expect_error([&] { convert_checkpoint(fx.dir + "/hf", out, o); }, Status::InvalidArgument, {c.needle});
     EXPECT_FALSE(fs::exists(out));
-    EXPECT_FALSE(fs::exists(out + ".tmp"));
+    EXPECT_FALSE(test::temp_left(out));
   }
   // The command line: exit 11 (invalid argument) with the message.
   const std::string hf = test::fixtures_dir() + "/mixtral_a/hf", out = tmp.file("cli.colibri");
@@ -1090,7 +1090,7 @@ TEST(QuantDense, BadOptionsAndInconsistentFilesFailClearly) {
     test::expect_error([&] { convert_checkpoint(fx.dir + "/hf", out, o); }, Status::InvalidArgument,
                        {"--quantize-dense with --group-size 128 would quantise no matrix"});
     EXPECT_FALSE(fs::exists(out));
-    EXPECT_FALSE(fs::exists(out + ".tmp"));
+    EXPECT_FALSE(test::temp_left(out));
   }
   const std::string hf = fx.dir + "/hf", out = tmp.file("cli.colibri");
   for (const auto& [args, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{

@@ -77,10 +77,10 @@ TEST(RoutingTrace, WriterReaderRoundTrip) {
     EXPECT_EQ(w.rows_written(), want.size());
     // NOTE: the trace appears at PATH only when closed.
     EXPECT_FALSE(std::filesystem::exists(path));
-    EXPECT_TRUE(std::filesystem::exists(path + ".tmp"));
+    EXPECT_EQ(test::temps_of(path).size(), 1u);
   }
   EXPECT_TRUE(std::filesystem::exists(path));
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_FALSE(test::temp_left(path));
 
   auto t = read_routing_trace(path);
   EXPECT_EQ(t.format, "colibri");
@@ -124,7 +124,7 @@ TEST(RoutingTrace, WriterRemovesPartialTraceWhenRunFails) {
   } catch (const std::runtime_error&) {
   }
   EXPECT_FALSE(std::filesystem::exists(path));
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_FALSE(test::temp_left(path));
 }
 
 TEST(RoutingTrace, WriterRejectsBadRows) {
@@ -397,7 +397,7 @@ TEST(ExpertStats, SaveLoadRoundTrip) {
     for (auto& v : row) v = rng() >> 12;  // large values survive too
   TempDir dir;
   save_expert_stats(s, dir.file("s.json"));
-  EXPECT_FALSE(std::filesystem::exists(dir.file("s.json.tmp")));
+  EXPECT_FALSE(test::temp_left(dir.file("s.json")));
   auto r = load_expert_stats(dir.file("s.json"));
   EXPECT_EQ(r.source, s.source);
   EXPECT_EQ(r.num_layers, 3);

@@ -30,6 +30,21 @@ inline bool have_gpu() {
 #endif
 }
 
+// The temporaries an atomic write of PATH leaves beside it while unfinished
+// (PATH.tmp.XXXXXX, model/file_io.h): none may remain after it ends.
+inline std::vector<std::string> temps_of(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> v;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string prefix = p.filename().string() + ".tmp";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) v.push_back(e.path().string());
+  return v;
+}
+inline bool temp_left(const std::string& path) { return !temps_of(path).empty(); }
+
 // A fresh directory under the system temp dir, removed at scope exit.
 class TempDir {
  public:

@@ -143,7 +143,7 @@ json.dump(j, open(sys.argv[2], "w"))
 EOF
 expect_rc 13 "convert refuses a tokenizer with ids past vocab_size" "$BIN" convert "$T/hf_big" "$T/big.colibri"
 err_has "vocab_size is 512"
-[ ! -e "$T/big.colibri" ] && [ ! -e "$T/big.colibri.tmp" ] || fail "a refused conversion left a file"
+[ ! -e "$T/big.colibri" ] && ! compgen -G "$T/big.colibri.tmp*" >/dev/null || fail "a refused conversion left a file"
 expect_rc 0 "--no-tokenizer converts it" "$BIN" convert "$T/hf_big" "$T/big.colibri" --no-tokenizer
 
 C=$T/corrupt.colibri
