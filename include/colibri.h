@@ -1,6 +1,18 @@
 /* colibri.h: the public C API of the Colibri Mixture-of-Experts inference engine.
  * Plain C, no CUDA or MPI types. Every function returns a status; nothing in the
- * library calls exit(). Handles are opaque. */
+ * library calls exit(). Handles are opaque.
+ *
+ * Threads: a handle may be shared by threads. Calls on one handle that use its
+ * engine or tokenizer (colibri_infer, colibri_generate, colibri_generate_text,
+ * colibri_encode, colibri_decode) are serialised: a call waits until the
+ * handle's previous call returns, and each gets exactly the result it would
+ * get alone. colibri_get_info never waits. Different handles run
+ * concurrently. A callback runs while its call holds the handle: a call on
+ * that same handle from inside the callback returns
+ * COLIBRI_ERR_INVALID_ARGUMENT at once (it would otherwise wait for itself);
+ * calls on other handles are allowed. colibri_free while another thread still
+ * uses the handle is the caller's bug. colibri_last_error is per thread.
+ * n_threads (colibri_config) applies to the handle's calls on every thread. */
 #ifndef COLIBRI_H
 #define COLIBRI_H
 
