@@ -44,7 +44,7 @@ typedef enum colibri_status {
 
 /* Engine configuration; get defaults from colibri_default_config(). */
 typedef struct colibri_config {
-  int32_t n_threads;     /* compute threads; 0 = all cores */
+  int32_t n_threads;     /* compute threads, 0..1024; 0 = all cores */
   int32_t max_batch;     /* most sequences per call */
   int32_t max_context;   /* most positions per sequence (prompt + generated); 0 = the model's
                             maximum, capped at 4096 */

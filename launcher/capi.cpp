@@ -139,7 +139,10 @@ colibri_status colibri_init(const char* path, const colibri_config* config, coli
     check_arg(path != nullptr && model != nullptr, "path and model must not be NULL");
     colibri_config cfg = config ? *config : colibri_default_config();
     check_arg(cfg.log_level >= 0 && cfg.log_level <= 6, "log_level must be in [0, 6]");
-    check_arg(cfg.n_threads >= 0, "n_threads must be >= 0");
+    if (cfg.n_threads < 0 || cfg.n_threads > colibri::kernels::kMaxThreads)
+      throw colibri::Error(colibri::Status::InvalidArgument, "n_threads " + std::to_string(cfg.n_threads) +
+                                                                 " is out of range [0, " + std::to_string(colibri::kernels::kMaxThreads) +
+                                                                 "] (0 = all cores)");
     spdlog::set_level(static_cast<spdlog::level::level_enum>(cfg.log_level));
     colibri::kernels::set_threads(cfg.n_threads);
     auto m = std::make_unique<colibri_model>();

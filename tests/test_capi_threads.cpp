@@ -1,7 +1,7 @@
 // test_capi_threads.cpp: the C API's thread contract (include/colibri.h): calls
 // on one handle from several threads are serialised and each gets exactly the
 // tokens it gets alone; a callback calling back into its own handle is refused
-// (COLIBRI_ERR_INVALID_ARGUMENT) instead of deadlocking.
+// (COLIBRI_ERR_INVALID_ARGUMENT) instead of deadlocking; n_threads is bounded.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -241,6 +241,21 @@ TEST_F(CapiThreads, CallbackCallingItsOwnHandleIsRefused) {
   EXPECT_EQ(colibri_generate(m_, pp, len, 1, &s, nullptr, nullptr, again.data(), nullptr), COLIBRI_OK)
       << colibri_last_error();
   EXPECT_EQ(again, alone);
+}
+
+// n_threads outside [0, 1024] is refused before any work (100000 crashed inside OpenMP).
+TEST_F(CapiThreads, NThreadsOutOfRangeIsRefused) {
+  for (int32_t n : {100000, 1025, -1}) {
+    colibri_config cfg = colibri_default_config();
+    cfg.n_threads = n;
+    colibri_model* m = reinterpret_cast<colibri_model*>(&cfg);  // must be reset to NULL
+    EXPECT_EQ(colibri_init(path_.c_str(), &cfg, &m), COLIBRI_ERR_INVALID_ARGUMENT) << "n_threads " << n;
+    EXPECT_EQ(m, nullptr);
+    const std::string e = colibri_last_error();
+    EXPECT_NE(e.find("n_threads"), std::string::npos) << e;
+    EXPECT_NE(e.find("1024"), std::string::npos) << e;
+    if (m) colibri_free(m);
+  }
 }
 
 }  // namespace
