@@ -14,6 +14,7 @@
 #include "launcher/options.h"
 #include "launcher/signals.h"
 #include "model/error.h"
+#include "model/printable.h"
 #include "worker/worker.h"
 
 namespace colibri::cli {
@@ -216,13 +217,13 @@ void abort_cluster(const ClusterRuntime& rt) {
   try {
     throw;
   } catch (const Error& e) {
-    spdlog::error("{}", e.what());
+    spdlog::error("{}", terminal_safe(e.what()));
     code = exit_code(e.status());
   } catch (const std::bad_alloc&) {
     spdlog::error("rank {}: out of memory", rt.rank);
     code = exit_code(Status::OutOfMemory);
   } catch (const std::exception& e) {
-    spdlog::error("rank {}: {}", rt.rank, e.what());
+    spdlog::error("rank {}: {}", rt.rank, terminal_safe(e.what()));
   } catch (...) {
     spdlog::error("rank {}: unknown error", rt.rank);
   }

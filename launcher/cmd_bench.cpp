@@ -42,6 +42,7 @@
 #include "launcher/signals.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
+#include "model/printable.h"
 #include "model/text.h"
 
 namespace colibri::cli {
@@ -1316,7 +1317,7 @@ int bench_tokenizer(const cxxopts::ParseResult& r) {
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     std::printf("tokenizer %s (%lld ids) of %s; text: %s, %zu bytes -> %zu tokens (%.3f tokens/byte), %lld reps\n",
-                ts.kind.c_str(), (long long)ts.vocab_size, file->path().c_str(), source.c_str(), text.size(), ids.size(),
+                printable(ts.kind).c_str(), (long long)ts.vocab_size, file->path().c_str(), source.c_str(), text.size(), ids.size(),
                 tpb, (long long)reps);
     std::printf("encode   %8.2f MB/s median (min %.2f, max %.2f) = %.0f tokens/s\n", e.median, e.min, e.max, tps.median);
     std::printf("decode   %8.2f MB/s median (min %.2f, max %.2f)\n", d.median, d.min, d.max);

@@ -12,6 +12,7 @@
 #include "launcher/options.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
+#include "model/printable.h"
 
 namespace colibri::cli {
 
@@ -94,9 +95,9 @@ int cmd_place(int argc, char** argv) {
   }
   if (stats) {
     std::printf("predicted balancedness (mean/max tokens per host rank, 1 = perfect; mean over layers and the worst layer)\n");
-    std::printf("  on %s (%llu tokens)\n", stats->source.c_str(), static_cast<unsigned long long>(stats->tokens));
+    std::printf("  on %s (%llu tokens)\n", printable(stats->source).c_str(), static_cast<unsigned long long>(stats->tokens));
     if (held_out)
-      std::printf("  held out: on %s (%llu tokens)\n", held_out->source.c_str(),
+      std::printf("  held out: on %s (%llu tokens)\n", printable(held_out->source).c_str(),
                   static_cast<unsigned long long>(held_out->tokens));
     std::printf("  %-22s %8s %8s %6s", "policy", "mean", "worst", "layer");
     if (held_out) std::printf("  %13s %13s %6s", "held-out mean", "held-out worst", "layer");
@@ -115,7 +116,7 @@ int cmd_place(int argc, char** argv) {
     }
   } else if (held_out) {
     const Balancedness h = predicted_balancedness(chosen, *held_out);
-    std::printf("predicted balancedness on %s: mean %.3f, worst %.3f (layer %d)\n", held_out->source.c_str(), h.mean,
+    std::printf("predicted balancedness on %s: mean %.3f, worst %.3f (layer %d)\n", printable(held_out->source).c_str(), h.mean,
                 h.worst, h.worst_layer);
   } else {
     std::printf("(no --stats: balancedness is not predicted; colibri stats TRACE --out STATS.json makes them)\n");

@@ -19,6 +19,7 @@
 #include "model/colibri_file.h"
 #include "model/config.h"
 #include "model/error.h"
+#include "model/printable.h"
 
 namespace colibri::cli {
 
@@ -242,18 +243,19 @@ int cmd_simulate(int argc, char** argv) {
     return 0;
   }
 
-  std::printf("cluster %s (%s): %d node(s) x %d %s = %d ranks; NVLink-class %s %.0f GB/s %.1f us", cluster.name.c_str(),
-              cluster.source.c_str(), cluster.nodes, cluster.gpus_per_node, cluster.device.name.c_str(), world,
-              cluster.intra.name.c_str(), cluster.intra.bytes_per_s() / 1e9, cluster.intra.latency_us);
+  // NOTE: names from the cluster and statistics files go through printable().
+  std::printf("cluster %s (%s): %d node(s) x %d %s = %d ranks; NVLink-class %s %.0f GB/s %.1f us",
+              printable(cluster.name).c_str(), printable(cluster.source).c_str(), cluster.nodes, cluster.gpus_per_node,
+              printable(cluster.device.name).c_str(), world, printable(cluster.intra.name).c_str(), cluster.intra.bytes_per_s() / 1e9, cluster.intra.latency_us);
   if (cluster.nics_per_node)
-    std::printf("; %s %.1f GB/s per device %.1f us", cluster.inter.name.c_str(),
+    std::printf("; %s %.1f GB/s per device %.1f us", printable(cluster.inter.name).c_str(),
                 cluster.inter_bytes_per_s_per_device() / 1e9, cluster.inter.latency_us);
   std::printf("\nmodel %s: %lld layers (%d MoE), %d experts, top-%lld, hidden %lld, expert intermediate %lld\n",
               shape.architecture.c_str(), static_cast<long long>(shape.num_layers), L, E,
               static_cast<long long>(shape.top_k), static_cast<long long>(shape.hidden),
               static_cast<long long>(shape.intermediate));
   std::printf("placement %s; routing %s; batch %lld, context %lld, %lld step(s); tokens %s, sent %s\n",
-              placement_from.c_str(), routing_from.c_str(), static_cast<long long>(opt.batch),
+              printable(placement_from).c_str(), printable(routing_from).c_str(), static_cast<long long>(opt.batch),
               static_cast<long long>(opt.context), static_cast<long long>(opt.steps), source.c_str(), send.c_str());
   std::printf("%5s %5s %9s %9s %6s %11s %11s %11s %3s %11s %11s\n", "layer", "moe", "max rows", "mean rows", "bal",
               "dispatch ms", "compute ms", "combine ms", "mb", "dense ms", "total ms");
