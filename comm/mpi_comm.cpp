@@ -3,6 +3,7 @@
 // answering becomes an error naming it instead of a hang, and a waiting rank
 // sleeps between polls (oversubscribed ranks yield the core).
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -193,15 +194,26 @@ class MpiCommunicator final : public Communicator {
         timeout_s = timeout_s > 0 ? std::min(timeout_s, interrupt_grace_s_) : interrupt_grace_s_;
       }
       if (timeout_s > 0 && std::chrono::duration<double>(clock::now() - start).count() > timeout_s) {
-        std::string missing;
+        // NOTE: every peer with a request still pending is named: a receive not
+        // matched, or a send it has not taken (a large message waits for the
+        // receiver). Requests that completed meanwhile count as answered; when
+        // all have, the collective finished just at the deadline.
+        std::vector<int> missing;
         for (size_t i = 0; i < reqs_.size(); ++i) {
           int flag = 0;
           MPI_Test(&reqs_[i], &flag, MPI_STATUS_IGNORE);
-          if (!flag && peers_[i] >= 0) missing += (missing.empty() ? "" : ", ") + std::to_string(peers_[i]);
+          if (!flag) missing.push_back(peers_[i] >= 0 ? peers_[i] : -1 - peers_[i]);
         }
-        throw Error(Status::Comm, "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(static_cast<int>(timeout_s)) +
-                                      " s waiting for " + what + (root >= 0 ? " " + std::to_string(root) : std::string()) + "; no answer from rank(s) " + (missing.empty() ? "?" : missing) +
-                                      " (lost or stuck)");
+        if (missing.empty()) return;
+        std::sort(missing.begin(), missing.end());
+        missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+        std::string names;
+        for (int p : missing) names += (names.empty() ? "" : ", ") + std::to_string(p);
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%g", timeout_s);
+        throw Error(Status::Comm, "rank " + std::to_string(rank_) + ": timed out after " + secs + " s waiting for " + what +
+                                      (root >= 0 ? " " + std::to_string(root) : std::string()) + "; no answer from rank(s) " +
+                                      names + " (lost or stuck)");
       }
     }
   }

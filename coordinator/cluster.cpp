@@ -5,10 +5,12 @@
 
 #include <sys/resource.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "coordinator/dispatch.h"
 #include "model/error.h"
@@ -153,14 +155,17 @@ void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placem
     comm.set_timeout(t);
   }
 
-  long kill_at = -1;
+  long kill_at = -1, stall_at = -1;
   if (opts.fault.rfind("kill:", 0) == 0) kill_at = std::stol(opts.fault.substr(5));
+  if (opts.fault.rfind("stall:", 0) == 0) stall_at = std::stol(opts.fault.substr(6));
   long passes = 0;
   clock.mark();
   while (true) {
     comm.broadcast(&m, sizeof m, 0);
     switch (static_cast<Op>(m.op)) {
       case Op::Forward:
+        if (passes == stall_at)  // testing aid: a rank alive but stuck (ended by the job's abort)
+          while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
         if (passes++ == kill_at) std::raise(SIGKILL);  // testing aid: a lost rank
         // NOTE: the time waiting for this pass belongs to its phase.
         clock.set_phase(m.phase == static_cast<int32_t>(Phase::Decode) ? Phase::Decode : Phase::Prefill);

@@ -67,7 +67,8 @@ void end_pass(Communicator& comm, const ColibriFile& file);
 
 struct WorkerOptions {
   ExpertStoreOptions store;
-  std::string fault;  // testing aid: "kill:N" / "kill:start": SIGKILL at forward pass N / before setup
+  std::string fault;  // testing aid: "kill:N" / "kill:start": SIGKILL at forward pass N / before setup;
+                      // "stall:N": stop answering (sleep for ever) at forward pass N
 };
 
 // A worker rank's life: receive Setup, then serve forward passes until Stop.

@@ -1,6 +1,18 @@
 /* colibri.h: the public C API of the Colibri Mixture-of-Experts inference engine.
  * Plain C, no CUDA or MPI types. Every function returns a status; nothing in the
- * library calls exit(). Handles are opaque. */
+ * library calls exit(). Handles are opaque.
+ *
+ * Threads: a handle may be shared by threads. Calls on one handle that use its
+ * engine or tokenizer (colibri_infer, colibri_generate, colibri_generate_text,
+ * colibri_encode, colibri_decode) are serialised: a call waits until the
+ * handle's previous call returns, and each gets exactly the result it would
+ * get alone. colibri_get_info never waits. Different handles run
+ * concurrently. A callback runs while its call holds the handle: a call on
+ * that same handle from inside the callback returns
+ * COLIBRI_ERR_INVALID_ARGUMENT at once (it would otherwise wait for itself);
+ * calls on other handles are allowed. colibri_free while another thread still
+ * uses the handle is the caller's bug. colibri_last_error is per thread.
+ * n_threads (colibri_config) applies to the handle's calls on every thread. */
 #ifndef COLIBRI_H
 #define COLIBRI_H
 
@@ -37,7 +49,7 @@ typedef enum colibri_status {
 
 /* Engine configuration; get defaults from colibri_default_config(). */
 typedef struct colibri_config {
-  int32_t n_threads;     /* compute threads; 0 = all cores */
+  int32_t n_threads;     /* compute threads, 0..1024; 0 = all cores */
   int32_t max_batch;     /* most sequences per call */
   int32_t max_context;   /* most positions per sequence (prompt + generated); 0 = the model's
                             maximum, capped at 4096 */
@@ -90,7 +102,9 @@ COLIBRI_API colibri_status colibri_infer(colibri_model* model, const int32_t* co
                                          const int32_t* lengths, int32_t n_sequences,
                                          float* logits, int32_t* next_tokens);
 
-/* Generates up to sampling->max_new_tokens per prompt.
+/* Generates up to sampling->max_new_tokens per prompt. When the call fails
+ * after generation started (COLIBRI_ERR_NUMERICAL, COLIBRI_ERR_FILE_CHANGED...),
+ * out_tokens and out_counts still hold the tokens generated before the failure.
  * out_tokens: [n_sequences][max_new_tokens] (or NULL); out_counts: [n_sequences] (or NULL).
  * callback may be NULL. */
 COLIBRI_API colibri_status colibri_generate(colibri_model* model, const int32_t* const* prompts,
@@ -123,7 +137,8 @@ COLIBRI_API colibri_status colibri_decode(colibri_model* model, const int32_t* i
  * valid UTF-8, NUL-terminated) is the new text since the last call, and
  * finish_reason is NULL until the sequence's last call, where it is "eos",
  * "stop" (a stop string appeared; neither it nor what follows is passed),
- * "length", "cancelled" or "interrupted". Return non-zero to stop the whole
+ * "length", "cancelled", "interrupted" or "error" (the call then fails with
+ * the error's status, e.g. COLIBRI_ERR_NUMERICAL or COLIBRI_ERR_FILE_CHANGED). Return non-zero to stop the whole
  * call (it then returns COLIBRI_ERR_CANCELLED). */
 typedef int (*colibri_text_callback)(void* user_data, int32_t sequence, const char* text, size_t length,
                                      const char* finish_reason);

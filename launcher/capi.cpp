@@ -3,10 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "colibri.h"
 #include "comm/communicator.h"
@@ -21,6 +24,15 @@ struct colibri_model {
   std::unique_ptr<colibri::Communicator> comm;
   std::unique_ptr<colibri::Engine> engine;
   std::unique_ptr<colibri::Tokenizer> tok;  // loaded on first use
+  int n_threads = 0;                        // colibri_config.n_threads (0 = all cores)
+
+  // NOTE: the engine (KV cache, scratch buffers) and the lazily loaded tokenizer
+  // serve one call at a time: every call that uses them holds `mu` (see
+  // colibri.h). `owner` is the thread holding it, so that a call made from a
+  // callback of a running call on the same thread is refused instead of
+  // deadlocking on `mu`.
+  std::mutex mu;
+  std::atomic<std::thread::id> owner{};
 
   const colibri::Tokenizer& tokenizer() {
     if (!tok) tok = colibri::open_tokenizer(*file);
@@ -59,6 +71,30 @@ colibri_status guarded(F&& f) {
 void check_arg(bool ok, const char* msg) {
   if (!ok) throw colibri::Error(colibri::Status::InvalidArgument, msg);
 }
+
+// Holds the handle's lock for one API call (see colibri.h: calls on one handle
+// are serialised). A call from inside a callback of a call running on the same
+// handle would wait for itself: it throws Error(InvalidArgument) instead.
+class HandleLock {
+ public:
+  explicit HandleLock(colibri_model* m) : m_(m) {
+    if (m_->owner.load() == std::this_thread::get_id())
+      throw colibri::Error(colibri::Status::InvalidArgument,
+                           "this handle is busy with a call on the same thread: a callback may not call back into "
+                           "the handle it was called from (calls on one handle are serialised)");
+    lock_ = std::unique_lock<std::mutex>(m_->mu);
+    m_->owner.store(std::this_thread::get_id());
+    // NOTE: OpenMP's thread count is per calling thread: apply the handle's on every call.
+    if (m_->n_threads > 0) colibri::kernels::set_threads(m_->n_threads);
+  }
+  ~HandleLock() { m_->owner.store(std::thread::id()); }
+  HandleLock(const HandleLock&) = delete;
+  HandleLock& operator=(const HandleLock&) = delete;
+
+ private:
+  colibri_model* m_;
+  std::unique_lock<std::mutex> lock_;
+};
 
 std::vector<colibri::Request> make_requests(const int32_t* const* prompts, const int32_t* lengths, int32_t n) {
   check_arg(prompts != nullptr && lengths != nullptr, "prompts and lengths must not be NULL");
@@ -103,10 +139,14 @@ colibri_status colibri_init(const char* path, const colibri_config* config, coli
     check_arg(path != nullptr && model != nullptr, "path and model must not be NULL");
     colibri_config cfg = config ? *config : colibri_default_config();
     check_arg(cfg.log_level >= 0 && cfg.log_level <= 6, "log_level must be in [0, 6]");
-    check_arg(cfg.n_threads >= 0, "n_threads must be >= 0");
+    if (cfg.n_threads < 0 || cfg.n_threads > colibri::kernels::kMaxThreads)
+      throw colibri::Error(colibri::Status::InvalidArgument, "n_threads " + std::to_string(cfg.n_threads) +
+                                                                 " is out of range [0, " + std::to_string(colibri::kernels::kMaxThreads) +
+                                                                 "] (0 = all cores)");
     spdlog::set_level(static_cast<spdlog::level::level_enum>(cfg.log_level));
     colibri::kernels::set_threads(cfg.n_threads);
     auto m = std::make_unique<colibri_model>();
+    m->n_threads = cfg.n_threads;
     m->file = colibri::ColibriFile::open(path);
     m->comm = colibri::make_local_communicator();
     colibri::EngineOptions eo;
@@ -140,6 +180,7 @@ colibri_status colibri_infer(colibri_model* model, const int32_t* const* prompts
                              int32_t n_sequences, float* logits, int32_t* next_tokens) {
   return guarded([&] {
     check_arg(model != nullptr, "model must not be NULL");
+    HandleLock lock(model);
     auto reqs = make_requests(prompts, lengths, n_sequences);
     for (auto& r : reqs) r.max_new_tokens = 0;
     colibri::GenerateOptions go;
@@ -161,6 +202,7 @@ colibri_status colibri_generate(colibri_model* model, const int32_t* const* prom
   bool cancelled = false;
   colibri_status st = guarded([&] {
     check_arg(model != nullptr, "model must not be NULL");
+    HandleLock lock(model);
     colibri_sampling s = sampling ? *sampling : colibri_default_sampling();
     auto reqs = make_requests(prompts, lengths, n_sequences);
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -173,12 +215,19 @@ colibri_status colibri_generate(colibri_model* model, const int32_t* const* prom
     if (callback)
       go.on_token = [&](int seq, int pos, int32_t tok) { return callback(user_data, seq, pos, tok) == 0; };
     colibri::GenerateStats gs;
-    auto out = model->engine->generate(reqs, go, &gs);
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (out_counts) out_counts[i] = static_cast<int32_t>(out[i].tokens.size());
-      if (out_tokens)
-        std::memcpy(out_tokens + i * static_cast<size_t>(s.max_new_tokens), out[i].tokens.data(),
-                    out[i].tokens.size() * sizeof(int32_t));
+    auto copy_out = [&](const std::vector<colibri::SequenceOutput>& out) {
+      for (size_t i = 0; i < out.size(); ++i) {
+        if (out_counts) out_counts[i] = static_cast<int32_t>(out[i].tokens.size());
+        if (out_tokens)
+          std::memcpy(out_tokens + i * static_cast<size_t>(s.max_new_tokens), out[i].tokens.data(),
+                      out[i].tokens.size() * sizeof(int32_t));
+      }
+    };
+    try {
+      copy_out(model->engine->generate(reqs, go, &gs));
+    } catch (const colibri::GenerationError& e) {
+      copy_out(e.partial());  // the tokens before the failure are the caller's
+      throw;
     }
     cancelled = gs.cancelled;
   });
@@ -193,6 +242,7 @@ colibri_status colibri_encode(colibri_model* model, const char* text, int32_t ad
                               size_t capacity, size_t* n_ids) {
   return guarded([&] {
     check_arg(model != nullptr && text != nullptr && n_ids != nullptr, "model, text and n_ids must not be NULL");
+    HandleLock lock(model);
     auto v = model->tokenizer().encode(text, add_special != 0);
     *n_ids = v.size();
     if (ids == nullptr && capacity == 0) return;  // size query
@@ -209,6 +259,7 @@ colibri_status colibri_decode(colibri_model* model, const int32_t* ids, size_t n
   return guarded([&] {
     check_arg(model != nullptr && length != nullptr, "model and length must not be NULL");
     check_arg(ids != nullptr || n_ids == 0, "ids must not be NULL when n_ids > 0");
+    HandleLock lock(model);
     const std::string t = model->tokenizer().decode(ids, n_ids, skip_special != 0);
     *length = t.size();
     if (buf == nullptr && capacity == 0) return;  // size query
@@ -229,6 +280,7 @@ colibri_status colibri_generate_text(colibri_model* model, const char* const* pr
   bool cancelled = false;
   colibri_status st = guarded([&] {
     check_arg(model != nullptr, "model must not be NULL");
+    HandleLock lock(model);
     check_arg(prompts != nullptr && n_sequences > 0, "prompts must not be NULL and n_sequences must be > 0");
     check_arg(n_stop >= 0 && (n_stop == 0 || stop != nullptr), "stop must hold n_stop strings");
     std::vector<std::string> stops;
@@ -270,10 +322,17 @@ colibri_status colibri_generate_text(colibri_model* model, const char* const* pr
     };
     go.on_token = [&](int, int, int32_t) { return !stop_all; };
     colibri::GenerateStats gs;
-    auto out = model->engine->generate(reqs, go, &gs);
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (!finished[i] && !stop_all) emit(i, streams[i]->finish(), out[i].finish_reason.c_str());
-      if (out_counts) out_counts[i] = static_cast<int32_t>(out[i].tokens.size());
+    auto finish_all = [&](const std::vector<colibri::SequenceOutput>& out) {
+      for (size_t i = 0; i < out.size(); ++i) {
+        if (!finished[i] && !stop_all) emit(i, streams[i]->finish(), out[i].finish_reason.c_str());
+        if (out_counts) out_counts[i] = static_cast<int32_t>(out[i].tokens.size());
+      }
+    };
+    try {
+      finish_all(model->engine->generate(reqs, go, &gs));
+    } catch (const colibri::GenerationError& e) {
+      finish_all(e.partial());  // the text so far, each unfinished sequence ending with "error"
+      throw;
     }
     cancelled = gs.cancelled;
   });

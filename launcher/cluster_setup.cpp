@@ -11,8 +11,10 @@
 #include <thread>
 
 #include "kernels/cpu/kernels.h"
+#include "launcher/options.h"
 #include "launcher/signals.h"
 #include "model/error.h"
+#include "model/printable.h"
 #include "worker/worker.h"
 
 namespace colibri::cli {
@@ -39,13 +41,13 @@ void add_cluster_options(cxxopts::Options& o) {
       cxxopts::value<std::string>()->default_value("contiguous"))(
       "stats", "Expert-load STATS.json for the balanced/replicated policies and the pinned cache",
       cxxopts::value<std::string>())(
-      "redundant", "Replicated policy: extra replicas per layer", cxxopts::value<int>()->default_value("0"))(
+      "redundant", "Replicated policy: extra replicas per layer, 0..65536", cxxopts::value<int>()->default_value("0"))(
       "coordinator-experts", "Rank 0 hosts experts too (always so with one rank)")(
       "expert-cache-bytes", "Fast-tier budget per rank in bytes (K/M/G suffix); 0 = no fast tier",
       cxxopts::value<std::string>()->default_value("0"))(
-      "expert-cache-experts", "Fast-tier budget per rank in experts", cxxopts::value<int64_t>()->default_value("0"))(
+      "expert-cache-experts", "Fast-tier budget per rank in experts, 0..2^24", cxxopts::value<int64_t>()->default_value("0"))(
       "cache-policy", "lru, lfu, hybrid, pinned, ...", cxxopts::value<std::string>()->default_value("lru"))(
-      "cache-decay", "Hybrid policy: decay per tick", cxxopts::value<double>()->default_value("0.9"))(
+      "cache-decay", "Hybrid policy: decay per tick, in (0, 1]", cxxopts::value<double>()->default_value("0.9"))(
       "routing-replay",
       "Replace the router's choices with a recorded trace's (the model's top-k, no more experts than it has, "
       "at least its MoE layers; e.g. ../shared/traces/mixtral-8x7b/*.jsonl), each layer's rows in order",
@@ -56,9 +58,10 @@ void add_cluster_options(cxxopts::Options& o) {
       "rank's GPU; docs/cuda.md)", cxxopts::value<std::string>()->default_value("cpu"))(
       "coordinator-device", "Where rank 0's dense part runs when it differs from --device: cpu or cuda",
       cxxopts::value<std::string>()->default_value("same"))(
-      "gpu", "GPU of this rank (NCCL backend, --device cuda); -1 = the local rank", cxxopts::value<int>()->default_value("-1"))(
-      "comm-timeout", "Seconds a rank waits for a peer before failing", cxxopts::value<double>()->default_value("120"))(
-      "inject-fault", "Testing aid: RANK:kill:N kills a worker at its N-th forward pass, rank 0 at its N-th token; RANK:kill:start at start-up", cxxopts::value<std::string>());
+      "gpu", "GPU of this rank (NCCL backend, --device cuda), -1..1023; -1 = the local rank", cxxopts::value<int>()->default_value("-1"))(
+      "comm-timeout", "Seconds a rank waits for a peer before failing, 0.1..86400", cxxopts::value<double>()->default_value("120"))(
+      "inject-fault", "Testing aid: RANK:kill:N kills a worker at its N-th forward pass, rank 0 at its N-th token; RANK:kill:start at "
+      "start-up; RANK:stall:N makes a worker stop answering (sleep) at its N-th forward pass", cxxopts::value<std::string>());
 }
 
 void ClusterRuntime::finish() {
@@ -67,7 +70,7 @@ void ClusterRuntime::finish() {
 }
 
 int rank_gpu(const cxxopts::ParseResult& r) {
-  int gpu = r["gpu"].as<int>();
+  int gpu = option_in_range(r, "gpu", Range<int>{-1, 1023, false, "(-1 = the local rank)"});
   if (gpu < 0) {
     const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     if (!lr) lr = std::getenv("SLURM_LOCALID");
@@ -78,6 +81,10 @@ int rank_gpu(const cxxopts::ParseResult& r) {
 
 ClusterRuntime open_cluster(const cxxopts::ParseResult& r, bool local_only) {
   ClusterRuntime rt;
+  // NOTE: checked before MPI starts: a deadline of 0 or less would wait forever for a stuck peer.
+  const double timeout =
+      option_in_range(r, "comm-timeout", Range<double>{kMinCommTimeout, kMaxCommTimeout, false, "seconds"});
+  option_in_range(r, "gpu", Range<int>{-1, 1023, false, "(-1 = the local rank)"});
   // The communicator first: every rank must reach the same collectives.
   std::string kind = local_only ? "local" : r["comm"].as<std::string>();
   if (kind == "auto") kind = mpi_runtime::launched_by_mpi() ? "mpi" : "local";
@@ -96,7 +103,7 @@ ClusterRuntime open_cluster(const cxxopts::ParseResult& r, bool local_only) {
     throw Error(Status::InvalidArgument, "--comm '" + kind + "' (auto, local, mpi, nccl)");
   }
   rt.comm_kind = kind;
-  rt.comm->set_timeout(r["comm-timeout"].as<double>());
+  rt.comm->set_timeout(timeout);
   // SIGINT/SIGTERM: the coordinator stops between forward passes, tells the
   // workers to stop, and reports what it has; workers keep serving until then
   // (at most 10 s more).
@@ -109,7 +116,7 @@ ClusterRuntime open_cluster(const cxxopts::ParseResult& r, bool local_only) {
 }
 
 int set_rank_threads(int threads, int world) {
-  if (threads < 0) throw Error(Status::InvalidArgument, "--threads must be >= 0");
+  check_option("threads", threads, Range<int>{0, kernels::kMaxThreads, false, "(0 = all cores)"});
   if (threads == 0 && world > 1) {
     // NOTE: ranks on one node share its cores; by default each gets its share.
     int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -128,15 +135,15 @@ ExpertSetup expert_setup(const cxxopts::ParseResult& r, const ColibriFile& file,
     es.placement = std::make_shared<const Placement>(Placement::load(r["placement"].as<std::string>(), world, L, E));
   else
     es.placement = std::make_shared<const Placement>(
-        make_placement(r["policy"].as<std::string>(), L, E, world, coord_hosts, es.stats.get(), r["redundant"].as<int>()));
+        make_placement(r["policy"].as<std::string>(), L, E, world, coord_hosts, es.stats.get(),
+                       option_in_range(r, "redundant", Range<int>{0, 65536})));
   cluster::check_placement(*es.placement, cfg, world);
 
   ExpertStoreOptions& so = es.store;
   so.budget_bytes = parse_bytes(r["expert-cache-bytes"].as<std::string>());
-  so.budget_experts = r["expert-cache-experts"].as<int64_t>();
-  if (so.budget_experts < 0) throw Error(Status::InvalidArgument, "--expert-cache-experts must be >= 0");
+  so.budget_experts = option_in_range(r, "expert-cache-experts", Range<int64_t>{0, kMaxPositions});
   so.policy = r["cache-policy"].as<std::string>();
-  so.decay = r["cache-decay"].as<double>();
+  so.decay = option_in_range(r, "cache-decay", Range<double>{0, 1, true});
   const std::string device = r["device"].as<std::string>();
   if (device == "cuda")
     so.device = rank_gpu(r);
@@ -162,10 +169,27 @@ ExpertSetup expert_setup(const cxxopts::ParseResult& r, const ColibriFile& file,
     es.replay->check(cfg);
   }
   if (r.count("inject-fault")) {
-    std::string f = r["inject-fault"].as<std::string>();
-    size_t colon = f.find(':');
-    if (colon == std::string::npos) throw Error(Status::InvalidArgument, "--inject-fault RANK:kill:N");
-    if (std::stoi(f.substr(0, colon)) == rank) es.fault = f.substr(colon + 1);
+    const std::string f = r["inject-fault"].as<std::string>();
+    const size_t c1 = f.find(':'), c2 = c1 == std::string::npos ? c1 : f.find(':', c1 + 1);
+    auto number = [](const std::string& s, long long hi) {
+      size_t used = 0;
+      long long v = -1;
+      try {
+        v = std::stoll(s, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      return used == s.size() && !s.empty() && v >= 0 && v <= hi ? v : -1;
+    };
+    const std::string kind = c2 == std::string::npos ? "" : f.substr(c1 + 1, c2 - c1 - 1);
+    const std::string at = c2 == std::string::npos ? "" : f.substr(c2 + 1);
+    const long long fault_rank = c1 == std::string::npos ? -1 : number(f.substr(0, c1), world - 1);
+    if (fault_rank < 0 || (kind != "kill" && kind != "stall") || (at != "start" && number(at, 1LL << 40) < 0) ||
+        (kind == "stall" && (at == "start" || fault_rank == 0)))
+      throw Error(Status::InvalidArgument, "--inject-fault '" + f + "': expected RANK:kill:N, RANK:kill:start or RANK:stall:N "
+                                           "with RANK in [0, " + std::to_string(world - 1) + "] (stall: a worker, >= 1) "
+                                           "and N >= 0");
+    if (fault_rank == rank) es.fault = f.substr(c1 + 1);
   }
   return es;
 }
@@ -193,13 +217,13 @@ void abort_cluster(const ClusterRuntime& rt) {
   try {
     throw;
   } catch (const Error& e) {
-    spdlog::error("{}", e.what());
+    spdlog::error("{}", terminal_safe(e.what()));
     code = exit_code(e.status());
   } catch (const std::bad_alloc&) {
     spdlog::error("rank {}: out of memory", rt.rank);
     code = exit_code(Status::OutOfMemory);
   } catch (const std::exception& e) {
-    spdlog::error("rank {}: {}", rt.rank, e.what());
+    spdlog::error("rank {}: {}", rt.rank, terminal_safe(e.what()));
   } catch (...) {
     spdlog::error("rank {}: unknown error", rt.rank);
   }

@@ -37,10 +37,12 @@
 #include "coordinator/routing_trace.h"
 #include "kernels/cpu/kernels.h"
 #include "launcher/cluster_setup.h"
+#include "launcher/options.h"
 #include "launcher/commands.h"
 #include "launcher/signals.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
+#include "model/printable.h"
 #include "model/text.h"
 #include "model/file_io.h"
 
@@ -167,11 +169,6 @@ class NoiseProbe {
   double load1_ = 0, busy0_ = 0, self0_ = 0, others_ = 0, share_ = 0, wall_ = 0;
   std::chrono::steady_clock::time_point wall0_;
 };
-
-// An int option given on the command line, or `def`.
-int64_t int_opt(const cxxopts::ParseResult& r, const char* name, int64_t def) {
-  return r.count(name) ? r[name].as<int64_t>() : def;
-}
 
 // ===========================================================================
 // Model benchmark
@@ -364,23 +361,19 @@ void append_csv(const std::string& path, const std::string& header, const std::s
 
 int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const std::string& command) {
   if (!r.count("model")) bad_arg("--model FILE is required (or --memory-bandwidth or --peak-flops)");
-  const int64_t B = int_opt(r, "batch", 1), P = int_opt(r, "prompt-len", 128), N = int_opt(r, "new-tokens", 32);
-  const int64_t reps = int_opt(r, "reps", 3), warmup = int_opt(r, "warmup", 1), chunk = int_opt(r, "prefill-chunk", 256);
+  const int64_t B = option_or(r, "batch", 1, Range<int64_t>{1, kMaxChunk});
+  const int64_t P = option_or(r, "prompt-len", 128, Range<int64_t>{1, kMaxPositions});
+  const int64_t N = option_or(r, "new-tokens", 32, Range<int64_t>{2, kMaxPositions, false,
+                                                               "(the first token comes from the prefill, decode needs one more)"});
+  const int64_t reps = option_or(r, "reps", 3, Range<int64_t>{1, 1000});
+  const int64_t warmup = option_or(r, "warmup", 1, Range<int64_t>{0, 1000});
+  const int64_t chunk = option_or(r, "prefill-chunk", 256, Range<int64_t>{1, kMaxChunk});
   const uint64_t seed = r.count("seed") ? r["seed"].as<uint64_t>() : 0;
   const bool as_json = r.count("json") > 0;
-  if (B < 1) bad_arg("--batch must be >= 1 (got " + std::to_string(B) + ")");
-  if (B > 65536) bad_arg("--batch must be <= 65536 (got " + std::to_string(B) + ")");
-  if (P < 1) bad_arg("--prompt-len must be >= 1 (got " + std::to_string(P) + ")");
-  if (N < 2) bad_arg("--new-tokens must be >= 2: the first token comes from the prefill, decode needs one more (got " +
-                     std::to_string(N) + ")");
-  if (reps < 1 || reps > 1000) bad_arg("--reps must be in [1, 1000] (got " + std::to_string(reps) + ")");
-  if (warmup < 0 || warmup > 1000) bad_arg("--warmup must be in [0, 1000] (got " + std::to_string(warmup) + ")");
-  if (chunk < 1) bad_arg("--prefill-chunk must be >= 1 (got " + std::to_string(chunk) + ")");
   const std::string kn = r.count("kernels") ? r["kernels"].as<std::string>() : "auto";
   if (kn != "auto" && !kernels::select(kn.c_str()))
     bad_arg("--kernels '" + kn + "' is not available on this CPU (auto, avx512, avx2, generic)");
-  const int64_t topt = int_opt(r, "threads", 0);
-  if (topt < 0 || topt > 4096) bad_arg("--threads must be in [0, 4096] (got " + std::to_string(topt) + ")");
+  const int64_t topt = option_or(r, "threads", 0, Range<int64_t>{0, kernels::kMaxThreads, false, "(0 = all cores)"});
   const int rank = rt.rank, world = rt.world;
   const int threads = set_rank_threads(static_cast<int>(topt), world);
 
@@ -960,14 +953,11 @@ double k_sum(const double* __restrict a, int64_t n) {
 volatile double g_sink;  // keeps every sum observable
 
 int bench_memory(const cxxopts::ParseResult& r) {
-  const int64_t mb = int_opt(r, "size-mb", 1024), reps = int_opt(r, "reps", 10);
-  const int64_t topt = int_opt(r, "threads", 0);
+  const int64_t mb = option_or(r, "size-mb", 1024, Range<int64_t>{1, int64_t{1} << 30});  // then: what memory holds
+  const int64_t reps = option_or(r, "reps", 10, Range<int64_t>{1, 100, false,
+                                                             "for --memory-bandwidth (the values grow 15x per repetition)"});
+  const int64_t topt = option_or(r, "threads", 0, Range<int64_t>{0, kernels::kMaxThreads, false, "(0 = all cores)"});
   const bool as_json = r.count("json") > 0;
-  if (mb < 1) bad_arg("--size-mb must be >= 1 (got " + std::to_string(mb) + ")");
-  if (reps < 1 || reps > 100)
-    bad_arg("--reps must be in [1, 100] for --memory-bandwidth (the values grow 15x per repetition; got " +
-            std::to_string(reps) + ")");
-  if (topt < 0 || topt > 4096) bad_arg("--threads must be in [0, 4096] (got " + std::to_string(topt) + ")");
   const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   const double need = 3.0 * static_cast<double>(mb) * 1048576.0;
   if (phys > 0 && need > 0.8 * phys)
@@ -1161,10 +1151,9 @@ struct Isa {
 };
 
 int bench_flops(const cxxopts::ParseResult& r) {
-  const int64_t reps = int_opt(r, "reps", 3), topt = int_opt(r, "threads", 0);
+  const int64_t reps = option_or(r, "reps", 3, Range<int64_t>{1, 1000});
+  const int64_t topt = option_or(r, "threads", 0, Range<int64_t>{0, kernels::kMaxThreads, false, "(0 = all cores)"});
   const bool as_json = r.count("json") > 0;
-  if (reps < 1 || reps > 1000) bad_arg("--reps must be in [1, 1000] (got " + std::to_string(reps) + ")");
-  if (topt < 0 || topt > 4096) bad_arg("--threads must be in [0, 4096] (got " + std::to_string(topt) + ")");
   const int threads = kernels::set_threads(static_cast<int>(topt));
   __builtin_cpu_init();
   const Isa isas[] = {
@@ -1281,8 +1270,7 @@ std::string synthetic_text(size_t bytes) {
 // encode and decode speed (MB/s of text, median of --reps) and tokens per byte.
 int bench_tokenizer(const cxxopts::ParseResult& r) {
   if (!r.count("model")) bad_arg("--tokenizer needs --model FILE (a .colibri file with an embedded tokenizer)");
-  const int64_t reps = r.count("reps") ? r["reps"].as<int64_t>() : 5;
-  if (reps < 1 || reps > 1000) bad_arg("--reps must be in [1, 1000]");
+  const int64_t reps = option_or(r, "reps", 5, Range<int64_t>{1, 1000});
   const bool as_json = r.count("json") > 0;
   ColibriFile::Options fo;
   fo.verify_dense = false;
@@ -1329,7 +1317,7 @@ int bench_tokenizer(const cxxopts::ParseResult& r) {
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     std::printf("tokenizer %s (%lld ids) of %s; text: %s, %zu bytes -> %zu tokens (%.3f tokens/byte), %lld reps\n",
-                ts.kind.c_str(), (long long)ts.vocab_size, file->path().c_str(), source.c_str(), text.size(), ids.size(),
+                printable(ts.kind).c_str(), (long long)ts.vocab_size, file->path().c_str(), source.c_str(), text.size(), ids.size(),
                 tpb, (long long)reps);
     std::printf("encode   %8.2f MB/s median (min %.2f, max %.2f) = %.0f tokens/s\n", e.median, e.min, e.max, tps.median);
     std::printf("decode   %8.2f MB/s median (min %.2f, max %.2f)\n", d.median, d.min, d.max);
@@ -1354,15 +1342,15 @@ int cmd_bench(int argc, char** argv) {
       "peak-flops", "f32 FMA throughput per ISA (AVX2+FMA, AVX-512F) instead of a model")(
       "tokenizer", "Encode/decode speed of the model's embedded tokenizer instead of generation")(
       "text-file", "--tokenizer: the text to encode (default: a built-in 4 MiB mixed text)", cxxopts::value<std::string>())(
-      "t,threads", "Compute threads; 0 = all cores (default 0)", cxxopts::value<int64_t>())(
-      "reps", "Timed repetitions (default: model 3, memory 10, flops 3)", cxxopts::value<int64_t>())(
+      "t,threads", "Compute threads, 0..1024; 0 = all cores (default 0)", cxxopts::value<int64_t>())(
+      "reps", "Timed repetitions, 1..1000 (memory: ..100; default: model 3, memory 10, flops 3)", cxxopts::value<int64_t>())(
       "json", "Print one JSON object with the configuration and every measurement");
-  o.add_options("model")("b,batch", "Sequences generated together (default 1)", cxxopts::value<int64_t>())(
-      "prompt-len", "Random prompt tokens per sequence (default 128)", cxxopts::value<int64_t>())(
+  o.add_options("model")("b,batch", "Sequences generated together, 1..65536 (default 1)", cxxopts::value<int64_t>())(
+      "prompt-len", "Random prompt tokens per sequence, >= 1 (default 128)", cxxopts::value<int64_t>())(
       "new-tokens", "Tokens generated per sequence, >= 2 (default 32)", cxxopts::value<int64_t>())(
-      "warmup", "Untimed runs before the timed ones (default 1)", cxxopts::value<int64_t>())(
+      "warmup", "Untimed runs before the timed ones, 0..1000 (default 1)", cxxopts::value<int64_t>())(
       "seed", "Seed of the random prompts (default 0)", cxxopts::value<uint64_t>())(
-      "prefill-chunk", "Most tokens per prefill pass (default 256)", cxxopts::value<int64_t>())(
+      "prefill-chunk", "Most tokens per prefill pass, 1..65536 (default 256)", cxxopts::value<int64_t>())(
       "kernels", "CPU kernels: auto, avx512, avx2 or generic (default auto: the widest the CPU has)", cxxopts::value<std::string>())(
       "no-verify", "Skip the checksum check of dense tensors at load")(
       "csv", "Append one row (configuration, then results) to this CSV; the header first when the file is new",
@@ -1371,7 +1359,7 @@ int cmd_bench(int argc, char** argv) {
       "no-stage-sync", "Several ranks: no barrier before results return (wait and exchange then mix); the dense part "
       "on a GPU: no stream synchronisation per stage (its time then shows where the host waits)");
   add_cluster_options(o);
-  o.add_options("memory")("size-mb", "MiB per array (default 1024; keep it well above the L3 cache)",
+  o.add_options("memory")("size-mb", "MiB per array, >= 1 (default 1024; keep it well above the L3 cache)",
                           cxxopts::value<int64_t>());
   add_common_options(o);
   auto r = o.parse(argc, argv);

@@ -11,6 +11,7 @@
 
 #include "coordinator/routing_trace.h"
 #include "launcher/commands.h"
+#include "launcher/options.h"
 #include "model/error.h"
 #include "worker/expert_cache.h"
 
@@ -102,7 +103,7 @@ int cmd_cache_sim(int argc, char** argv) {
   cxxopts::Options o("colibri cache-sim",
                      "Replay a routing trace through the expert-cache policies and Belady's optimum (the bound).");
   o.add_options()("trace", "Routing trace (our JSONL or the Mixtral import format)", cxxopts::value<std::string>())(
-      "capacity", "Slots per cache (per layer, or in all with --global); a list such as 3,4,5,6 runs each",
+      "capacity", "Slots per cache (per layer, or in all with --global), 1..2^24; a list such as 3,4,5,6 runs each",
       cxxopts::value<std::string>())(
       "policy", "all, or a comma-separated list of: " + [] {
         std::string s;
@@ -112,7 +113,7 @@ int cmd_cache_sim(int argc, char** argv) {
       "per-layer", "One cache of C slots per layer (default)")("global", "One cache of C slots for all layers")(
       "granularity", "token: every token at a layer is a batch; step: every (step, layer) is one",
       cxxopts::value<std::string>()->default_value("token"))(
-      "decay", "hybrid: score = count * decay^(now - last use)", cxxopts::value<double>()->default_value("0.9"))(
+      "decay", "hybrid: score = count * decay^(now - last use), decay in (0, 1]", cxxopts::value<double>()->default_value("0.9"))(
       "pin", "pinned: keys pinned per cache, the trace's hottest (default: C / 2)", cxxopts::value<int64_t>())(
       "hints", "on: tell caches each batch's keys first (hint_upcoming); off: demand only; both: a column each",
       cxxopts::value<std::string>()->default_value("both"))(
@@ -142,11 +143,10 @@ int cmd_cache_sim(int argc, char** argv) {
       v = std::stoll(c, &used);
     } catch (const std::exception&) {
     }
-    if (used != c.size() || v < 0)
+    if (used != c.size())
       throw Error(Status::InvalidArgument,
                   "cache-sim: --capacity takes slot counts such as 5 or 3,4,5,6, got '" + c + "'");
-    if (v == 0)
-      throw Error(Status::InvalidArgument, "cache-sim: capacity 0 is invalid: a cache must hold at least one expert");
+    check_option("capacity", v, Range<long long>{1, kMaxPositions, false, "(a cache must hold at least one expert)"});
     capacities.push_back(static_cast<size_t>(v));
   }
   if (capacities.empty()) throw Error(Status::InvalidArgument, "cache-sim: --capacity is empty");
@@ -162,11 +162,11 @@ int cmd_cache_sim(int argc, char** argv) {
         ExpertCache::create(p, 1, CacheOptions{});  // throws the unknown-policy error with the list
   }
   CacheOptions base;
-  base.decay = r["decay"].as<double>();
-  base.bytes_per_slot = r["bytes-per-slot"].as<uint64_t>();
+  base.decay = option_in_range(r, "decay", Range<double>{0, 1, true});
+  base.bytes_per_slot = option_in_range(r, "bytes-per-slot", Range<uint64_t>{0, uint64_t{1} << 40});
   for (const auto& p : policies) ExpertCache::create(p, 1, base);  // option errors before any output
   const bool pin_given = r.count("pin") > 0;
-  const int64_t pin_opt = pin_given ? r["pin"].as<int64_t>() : 0;
+  const int64_t pin_opt = option_or(r, "pin", 0, Range<int64_t>{0, kMaxPositions});
   for (size_t cap : capacities)
     if (pin_given && (pin_opt < 0 || static_cast<size_t>(pin_opt) > cap))
       throw Error(Status::InvalidArgument, "cache-sim: --pin " + std::to_string(pin_opt) +

@@ -7,6 +7,7 @@
 #include "launcher/commands.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
+#include "model/printable.h"
 
 namespace colibri::cli {
 
@@ -34,6 +35,22 @@ std::string hex64(uint64_t v) {
   char b[20];
   std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
   return b;
+}
+// Every string in `j` (keys too) printable(): a file's strings may hold any byte,
+// and nlohmann::json refuses to dump invalid UTF-8.
+nlohmann::json printable_json(const nlohmann::json& j) {
+  if (j.is_string()) return printable(j.get_ref<const std::string&>());
+  if (j.is_array()) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& x : j) a.push_back(printable_json(x));
+    return a;
+  }
+  if (j.is_object()) {
+    nlohmann::json o = nlohmann::json::object();
+    for (auto it = j.begin(); it != j.end(); ++it) o[printable(it.key())] = printable_json(it.value());
+    return o;
+  }
+  return j;
 }
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string r = "[";
@@ -72,10 +89,10 @@ int cmd_inspect(int argc, char** argv) {
       } catch (const Error& e) {
         ok = false;
         ++bad;
-        failures.push_back(e.what());
+        failures.push_back(terminal_safe(e.what()));
       }
     }
-    nlohmann::json x = {{"name", t.name}, {"dtype", tensor_storage(t)}, {"shape", t.shape},
+    nlohmann::json x = {{"name", printable(t.name)}, {"dtype", tensor_storage(t)}, {"shape", t.shape},
                         {"offset", t.offset}, {"size", t.size}, {"checksum", hex64(t.checksum)}};
     if (verify) x["ok"] = ok;
     jt.push_back(x);
@@ -89,7 +106,7 @@ int cmd_inspect(int argc, char** argv) {
       } catch (const Error& err) {
         ok = false;
         ++bad;
-        failures.push_back(err.what());
+        failures.push_back(terminal_safe(err.what()));
       }
     }
     nlohmann::json x = {{"layer", e.layer}, {"expert", e.expert}, {"dtype", expert_storage(*f)},
@@ -108,10 +125,10 @@ int cmd_inspect(int argc, char** argv) {
       } catch (const Error& e) {
         ok = false;
         ++bad;
-        failures.push_back(e.what());
+        failures.push_back(terminal_safe(e.what()));
       }
     }
-    jtok = {{"kind", ts.kind}, {"vocab_size", ts.vocab_size}, {"add_bos", ts.add_bos}, {"add_eos", ts.add_eos},
+    jtok = {{"kind", printable(ts.kind)}, {"vocab_size", ts.vocab_size}, {"add_bos", ts.add_bos}, {"add_eos", ts.add_eos},
             {"eos_token_ids", ts.eos_token_ids}, {"extra_special", ts.extra_special.size()},
             {"offset", tb->offset}, {"size", tb->size}, {"checksum", hex64(tb->checksum)}};
     if (verify) jtok["ok"] = ok;
@@ -119,10 +136,10 @@ int cmd_inspect(int argc, char** argv) {
 
   if (as_json) {
     nlohmann::json out = {
-        {"file", f->path()},
+        {"file", printable(f->path())},
         {"format_version", h.version},
         {"file_size", f->file_size()},
-        {"config", f->config().to_json()},
+        {"config", printable_json(f->config().to_json())},
         {"dense_bytes", dense_bytes},
         {"expert_bytes", expert_bytes},
         {"tensors", jt},
@@ -130,19 +147,21 @@ int cmd_inspect(int argc, char** argv) {
         {"tokenizer", jtok},
     };
     if (verify) out["verified"] = {{"ok", bad == 0}, {"failures", failures}};
-    std::printf("%s\n", out.dump(2).c_str());
+    // (printable() above leaves no invalid UTF-8; replace is the last resort, never an exception)
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     const auto& c = f->config();
-    std::printf("file        %s\n", f->path().c_str());
+    // NOTE: every string from the file goes through printable(): no raw control bytes on the terminal.
+    std::printf("file        %s\n", printable(f->path()).c_str());
     std::printf("format      colibri v%u, %.2f MiB (dense %.2f MiB, experts %.2f MiB)\n", h.version,
                 f->file_size() / 1048576.0, dense_bytes / 1048576.0, expert_bytes / 1048576.0);
     std::printf("model       %s: %lld layers, hidden %lld, %lld heads (%lld kv, head_dim %lld), vocab %lld\n",
-                c.architecture.c_str(), (long long)c.num_layers, (long long)c.hidden_size, (long long)c.num_heads,
+                printable(c.architecture).c_str(), (long long)c.num_layers, (long long)c.hidden_size, (long long)c.num_heads,
                 (long long)c.num_kv_heads, (long long)c.head_dim, (long long)c.vocab_size);
-    std::string routing = c.routing.scoring;
+    std::string routing = printable(c.routing.scoring);
     if (c.routing.group_select != "none")
       routing += ", groups " + std::to_string(c.routing.topk_group) + " of " + std::to_string(c.routing.n_group) + " by " +
-                 c.routing.group_select;
+                 printable(c.routing.group_select);
     if (c.routing.score_bias) routing += ", selection bias";
     if (c.routing.router_bias) routing += ", router bias";
     if (c.routing.norm_topk_prob) routing += ", renormalise top-k";
@@ -150,10 +169,10 @@ int cmd_inspect(int argc, char** argv) {
     std::printf("moe         %lld experts, top-%lld, intermediate %lld, %s experts, routing %s, expert dtype %s\n",
                 (long long)c.num_experts, (long long)c.experts_per_token, (long long)c.intermediate_size,
                 c.expert_act == "silu" ? (c.expert_bias ? "SwiGLU+bias" : "SwiGLU") : "clamped-SwiGLU+bias (gpt-oss)",
-                routing.c_str(), expert_storage(*f).c_str());
+                routing.c_str(), printable(expert_storage(*f)).c_str());
     if (c.dense_quant.type != "none")
       std::printf("dense       attention, dense/shared FFN and LM head matrices %s g%lld (embedding and routers as stored)\n",
-                  c.dense_quant.type.c_str(), (long long)c.dense_quant.group_size);
+                  printable(c.dense_quant.type).c_str(), (long long)c.dense_quant.group_size);
     std::printf("layers      %lld MoE of %lld", (long long)c.num_moe_layers(), (long long)c.num_layers);
     if (c.num_moe_layers() < c.num_layers) std::printf(" (dense MLP %lld elsewhere)", (long long)c.dense_intermediate_size);
     if (c.shared_intermediate_size > 0)
@@ -166,7 +185,7 @@ int cmd_inspect(int argc, char** argv) {
                                            : "GQA";
     if (c.qkv_bias) att += ", qkv bias";
     if (c.o_bias) att += ", o bias";
-    if (c.qk_norm != "none") att += ", qk-norm " + c.qk_norm;
+    if (c.qk_norm != "none") att += ", qk-norm " + printable(c.qk_norm);
     if (c.clip_qkv > 0) att += ", clip " + fmt_g(c.clip_qkv);
     if (c.attn_sinks) att += ", sinks";
     int sliding = 0;
@@ -181,7 +200,7 @@ int cmd_inspect(int argc, char** argv) {
       const TokenizerSpec& ts = c.tokenizer;
       std::string eos;
       for (auto id : ts.eos_token_ids) eos += (eos.empty() ? "" : ",") + std::to_string(id);
-      std::printf("tokenizer   %s, vocab %lld, %llu bytes, add_bos %s, add_eos %s, eos ids [%s]%s\n", ts.kind.c_str(),
+      std::printf("tokenizer   %s, vocab %lld, %llu bytes, add_bos %s, add_eos %s, eos ids [%s]%s\n", printable(ts.kind).c_str(),
                   (long long)ts.vocab_size, (unsigned long long)tb->size, ts.add_bos ? "yes" : "no",
                   ts.add_eos ? "yes" : "no", eos.c_str(),
                   ts.extra_special.empty() ? "" : (", " + std::to_string(ts.extra_special.size()) + " extra special").c_str());
@@ -190,7 +209,7 @@ int cmd_inspect(int argc, char** argv) {
     }
     std::printf("\n%-32s %-8s %-16s %12s %12s %s\n", "tensor", "dtype", "shape", "offset", "bytes", "checksum");
     for (const auto& t : f->tensors())
-      std::printf("%-32s %-8s %-16s %12llu %12llu %s\n", t.name.c_str(), tensor_storage(t).c_str(), shape_str(t.shape).c_str(),
+      std::printf("%-32s %-8s %-16s %12llu %12llu %s\n", printable(t.name).c_str(), tensor_storage(t).c_str(), shape_str(t.shape).c_str(),
                   (unsigned long long)t.offset, (unsigned long long)t.size, hex64(t.checksum).c_str());
     std::printf("\nexpert index: %zu blocks of %llu bytes\n", f->experts().size(),
                 (unsigned long long)f->experts().front().size);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "launcher/commands.h"
+#include "launcher/options.h"
 #include "model/error.h"
 
 extern char** environ;
@@ -200,7 +201,7 @@ int cmd_launch(int argc, char** argv) {
                      "mpirun, or srun inside a SLURM allocation. Prints the command (one shell-quoted line) and\n"
                      "execs it: the exit status is the command's. Example:\n"
                      "  colibri launch -n 3 -- run --model m.colibri --prompt-ids 1,2,3");
-  o.add_options()("n,np", "Number of ranks (inside SLURM: default $SLURM_NTASKS)", cxxopts::value<int>())(
+  o.add_options()("n,np", "Number of ranks, 1..65536 (inside SLURM: default $SLURM_NTASKS)", cxxopts::value<int>())(
       "hosts", "Comma-separated hosts, each host or host:slots (a host without slots gets ceil(N/hosts))",
       cxxopts::value<std::string>())("hostfile", "Open MPI hostfile", cxxopts::value<std::string>())(
       "ucx", "Use UCX for point-to-point (--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any)")(
@@ -239,7 +240,7 @@ int cmd_launch(int argc, char** argv) {
 
   int np = 0;
   if (r.count("np")) {
-    np = r["np"].as<int>();
+    np = option_in_range(r, "np", Range<int>{1, kMaxRanks});
   } else if (in_slurm && std::getenv("SLURM_NTASKS")) {
     np = std::atoi(std::getenv("SLURM_NTASKS"));
   } else {

@@ -9,8 +9,10 @@
 #include "coordinator/placement.h"
 #include "coordinator/routing_trace.h"
 #include "launcher/commands.h"
+#include "launcher/options.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
+#include "model/printable.h"
 
 namespace colibri::cli {
 
@@ -24,13 +26,13 @@ int cmd_place(int argc, char** argv) {
       "With --eval, also on other statistics: a placement is made from past load and serves future load.\n"
       "usage: colibri place (--model FILE | --layers L --experts E) --ranks N --policy P [--stats S] --out P.json");
   o.add_options()("m,model", ".colibri model file (for its layers and experts)", cxxopts::value<std::string>())(
-      "layers", "MoE layers, without --model", cxxopts::value<int>())(
-      "experts", "Routed experts per layer, without --model", cxxopts::value<int>())(
-      "n,ranks", "World size N, the coordinator included", cxxopts::value<int>())(
+      "layers", "MoE layers, without --model, 1..65536", cxxopts::value<int>())(
+      "experts", "Routed experts per layer, without --model, 1..65536", cxxopts::value<int>())(
+      "n,ranks", "World size N, the coordinator included, 1..65536", cxxopts::value<int>())(
       "policy", "contiguous, round_robin, balanced (needs --stats) or replicated", cxxopts::value<std::string>())(
       "stats", "Expert-load statistics from colibri stats", cxxopts::value<std::string>())(
       "eval", "Also predict balancedness on these (held-out) statistics", cxxopts::value<std::string>())(
-      "redundant", "replicated: extra expert copies per layer (default: one per host rank)", cxxopts::value<int>())(
+      "redundant", "replicated: extra expert copies per layer, 0..65536 (default: one per host rank)", cxxopts::value<int>())(
       "coordinator-experts", "Rank 0 hosts experts too (always so with one rank)")(
       "o,out", "Write the placement JSON here", cxxopts::value<std::string>());
   add_common_options(o);
@@ -50,15 +52,13 @@ int cmd_place(int argc, char** argv) {
   } else {
     if (!r.count("layers") || !r.count("experts"))
       throw Error(Status::InvalidArgument, "place needs --model FILE, or --layers L and --experts E");
-    layers = r["layers"].as<int>();
-    experts = r["experts"].as<int>();
-    if (layers < 1 || experts < 1) throw Error(Status::InvalidArgument, "--layers and --experts must be >= 1");
+    layers = option_in_range(r, "layers", Range<int>{1, 65536});
+    experts = option_in_range(r, "experts", Range<int>{1, 65536});
   }
   if (!r.count("ranks")) throw Error(Status::InvalidArgument, "place needs --ranks N (the coordinator included)");
   if (!r.count("policy"))
     throw Error(Status::InvalidArgument, "place needs --policy contiguous|round_robin|balanced|replicated");
-  const int world = r["ranks"].as<int>();
-  if (world < 1) throw Error(Status::InvalidArgument, "--ranks must be >= 1");
+  const int world = option_in_range(r, "ranks", Range<int>{1, kMaxRanks});
   const std::string policy = r["policy"].as<std::string>();
   const auto& policies = placement_policies();
   if (std::find(policies.begin(), policies.end(), policy) == policies.end())
@@ -67,8 +67,7 @@ int cmd_place(int argc, char** argv) {
   const int hosts = static_cast<int>(host_ranks(world, coord).size());
   if (r.count("redundant") && policy != "replicated")
     throw Error(Status::InvalidArgument, "--redundant applies only to --policy replicated");
-  int redundant = r.count("redundant") ? r["redundant"].as<int>() : hosts;
-  if (redundant < 0) throw Error(Status::InvalidArgument, "--redundant must be >= 0");
+  int redundant = option_or(r, "redundant", hosts, Range<int>{0, 65536});
   if (!r.count("redundant")) redundant = std::min(redundant, experts * (hosts - 1));  // what fits
 
   std::unique_ptr<ExpertStats> stats;
@@ -97,9 +96,9 @@ int cmd_place(int argc, char** argv) {
   }
   if (stats) {
     std::printf("predicted balancedness (mean/max tokens per host rank, 1 = perfect; mean over layers and the worst layer)\n");
-    std::printf("  on %s (%llu tokens)\n", stats->source.c_str(), static_cast<unsigned long long>(stats->tokens));
+    std::printf("  on %s (%llu tokens)\n", printable(stats->source).c_str(), static_cast<unsigned long long>(stats->tokens));
     if (held_out)
-      std::printf("  held out: on %s (%llu tokens)\n", held_out->source.c_str(),
+      std::printf("  held out: on %s (%llu tokens)\n", printable(held_out->source).c_str(),
                   static_cast<unsigned long long>(held_out->tokens));
     std::printf("  %-22s %8s %8s %6s", "policy", "mean", "worst", "layer");
     if (held_out) std::printf("  %13s %13s %6s", "held-out mean", "held-out worst", "layer");
@@ -118,7 +117,7 @@ int cmd_place(int argc, char** argv) {
     }
   } else if (held_out) {
     const Balancedness h = predicted_balancedness(chosen, *held_out);
-    std::printf("predicted balancedness on %s: mean %.3f, worst %.3f (layer %d)\n", held_out->source.c_str(), h.mean,
+    std::printf("predicted balancedness on %s: mean %.3f, worst %.3f (layer %d)\n", printable(held_out->source).c_str(), h.mean,
                 h.worst, h.worst_layer);
   } else {
     std::printf("(no --stats: balancedness is not predicted; colibri stats TRACE --out STATS.json makes them)\n");

@@ -22,6 +22,7 @@
 #include "kernels/cpu/kernels.h"
 #include "launcher/cluster_setup.h"
 #include "launcher/commands.h"
+#include "launcher/options.h"
 #include "launcher/signals.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
@@ -68,20 +69,20 @@ void add_generation_options(cxxopts::Options& o) {
       "no-special", "Text prompts: encode without the special tokens the tokenizer adds (BOS...)")(
       "show-special", "Text output: print special tokens (EOS...) instead of skipping them")(
       "print-ids", "Text prompts: also print the 'sequence N: ids' lines after the text")(
-      "n,max-new-tokens", "Tokens to generate per prompt", cxxopts::value<int32_t>()->default_value("16"))(
-      "temperature", "Sampling temperature; 0 = greedy", cxxopts::value<float>()->default_value("0"))(
-      "top-k", "Keep the k most likely tokens; 0 = off", cxxopts::value<int32_t>()->default_value("0"))(
-      "top-p", "Nucleus sampling threshold; 1 = off", cxxopts::value<float>()->default_value("1"))(
+      "n,max-new-tokens", "Tokens to generate per prompt, 0..2^24", cxxopts::value<int32_t>()->default_value("16"))(
+      "temperature", "Sampling temperature, 0..100; 0 = greedy", cxxopts::value<float>()->default_value("0"))(
+      "top-k", "Keep the k most likely tokens, 0..vocabulary; 0 = off", cxxopts::value<int32_t>()->default_value("0"))(
+      "top-p", "Nucleus sampling threshold, in (0, 1]; 1 = off", cxxopts::value<float>()->default_value("1"))(
       "seed", "Sampling seed (sequence i uses seed + i)", cxxopts::value<uint64_t>()->default_value("0"))(
       "ignore-eos", "Do not stop at the end-of-sequence token")(
       "dump-logits", "Write every position's logits as float32 .npy [sequences, positions, vocab]",
       cxxopts::value<std::string>())(
       "record-routing", "Write the routing trace (step, layer, token, experts, weights) as JSONL",
       cxxopts::value<std::string>())(
-      "t,threads", "Compute threads per rank; 0 = the cores divided among this node's ranks",
+      "t,threads", "Compute threads per rank, 0..1024; 0 = the cores divided among this node's ranks",
       cxxopts::value<int>()->default_value("0"))(
-      "prefill-chunk", "Most tokens per prefill pass", cxxopts::value<int64_t>()->default_value("256"))(
-      "max-context", "KV cache positions per sequence; 0 = what the prompts need",
+      "prefill-chunk", "Most tokens per prefill pass, 1..65536", cxxopts::value<int64_t>()->default_value("256"))(
+      "max-context", "KV cache positions per sequence, 0..the model's; 0 = what the prompts need",
       cxxopts::value<int64_t>()->default_value("0"))(
       "kernels", "CPU kernels: auto, avx2 or generic", cxxopts::value<std::string>()->default_value("auto"))(
       "no-verify", "Skip the checksum check of dense tensors at load")(
@@ -108,6 +109,14 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
   add_common_options(o);
   auto r = o.parse(argc, argv);
   if (handle_common(o, r)) return 0;
+  // Every numeric option, before any work (the model's own limits follow in Engine::validate).
+  const int32_t max_new = option_in_range(r, "max-new-tokens", Range<int32_t>{0, static_cast<int32_t>(kMaxPositions)});
+  const float temperature = option_in_range(r, "temperature", Range<float>{0, 100, false, "(0 = greedy)"});
+  const int32_t top_k = option_in_range(r, "top-k", Range<int32_t>{0, static_cast<int32_t>(kMaxPositions), false, "(0 = off)"});
+  const float top_p = option_in_range(r, "top-p", Range<float>{0, 1, true, "(1 = off)"});
+  const int64_t prefill_chunk = option_in_range(r, "prefill-chunk", Range<int64_t>{1, kMaxChunk});
+  const int64_t max_context = option_in_range(r, "max-context", Range<int64_t>{0, kMaxPositions, false, "(0 = what the prompts need)"});
+  const int threads_opt = check_option("threads", r["threads"].as<int>(), Range<int>{0, kernels::kMaxThreads, false, "(0 = all cores)"});
 
   ClusterRuntime rt = open_cluster(r, !cluster_cmd);
   Communicator* comm = rt.comm.get();
@@ -118,7 +127,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     const std::string kn = r["kernels"].as<std::string>();
     if (kn != "auto" && !kernels::select(kn.c_str()))
       throw Error(Status::InvalidArgument, "--kernels '" + kn + "' is not available on this CPU (auto, avx2, generic)");
-    const int threads = set_rank_threads(r["threads"].as<int>(), world);
+    const int threads = set_rank_threads(threads_opt, world);
 
     ColibriFile::Options fo;
     fo.verify_dense = rank == 0 && r.count("no-verify") == 0;
@@ -167,7 +176,6 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       for (const auto& s : r["prompt-ids"].as<std::vector<std::string>>()) prompt_ids.push_back(parse_ids(s));
     }
     std::vector<Request> reqs;
-    const int32_t max_new = r["max-new-tokens"].as<int32_t>();
     const uint64_t seed = r["seed"].as<uint64_t>();
     for (auto& ids : prompt_ids) {
       Request q;
@@ -175,9 +183,9 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
       q.max_new_tokens = max_new;
       q.ignore_eos = r.count("ignore-eos") > 0;
       q.stop_ids = eos_ids;
-      q.sampling.temperature = r["temperature"].as<float>();
-      q.sampling.top_k = r["top-k"].as<int32_t>();
-      q.sampling.top_p = r["top-p"].as<float>();
+      q.sampling.temperature = temperature;
+      q.sampling.top_k = top_k;
+      q.sampling.top_p = top_p;
       q.sampling.seed = seed + reqs.size();
       reqs.push_back(std::move(q));
     }
@@ -187,8 +195,8 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
                                                    static_cast<int>(cfg.num_experts), static_cast<int>(cfg.experts_per_token));
     EngineOptions eo;
     eo.max_batch = static_cast<int64_t>(reqs.size());
-    eo.prefill_chunk = r["prefill-chunk"].as<int64_t>();
-    eo.max_context = r["max-context"].as<int64_t>();
+    eo.prefill_chunk = prefill_chunk;
+    eo.max_context = max_context;
     if (eo.max_context == 0) {
       // NOTE: size the KV cache for this request, not the model's full context.
       int64_t need = 0;
@@ -211,6 +219,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     GenerateOptions go;
     go.record_logits = r.count("dump-logits") > 0;
     go.interrupt = stop_flag();
+    if (fault == "kill:start") std::raise(SIGKILL);  // testing aid: the coordinator lost at start-up
     if (!fault.empty() && fault.rfind("kill:", 0) == 0) {
       // Testing aid: the coordinator dies after its N-th token.
       const long at = std::stol(fault.substr(5));

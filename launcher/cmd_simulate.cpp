@@ -15,10 +15,12 @@
 #include "coordinator/routing_trace.h"
 #include "coordinator/simulate.h"
 #include "launcher/commands.h"
+#include "launcher/options.h"
 #include "model/colibri_file.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/file_io.h"
+#include "model/printable.h"
 
 namespace colibri::cli {
 
@@ -69,21 +71,21 @@ int cmd_simulate(int argc, char** argv) {
       "         --experts E --top-k K --layers L) --batch B [--placement P.json | --policy contiguous]\n"
       "         [--trace T | --stats S] [--json]");
   o.add_options()("cluster", "Cluster file (configs/cluster/*.json)", cxxopts::value<std::string>())(
-      "nodes", "Override the cluster file's node count (world = nodes x gpus_per_node)", cxxopts::value<int>())(
+      "nodes", "Override the cluster file's node count, 1..65536 (world = nodes x gpus_per_node)", cxxopts::value<int>())(
       "m,model", "Model: .colibri file, Hugging Face model directory or config.json", cxxopts::value<std::string>())(
-      "hidden", "Without --model: hidden size (no dense part is modelled)", cxxopts::value<int64_t>())(
-      "intermediate", "Without --model: expert intermediate size", cxxopts::value<int64_t>())(
-      "experts", "Without --model: routed experts per layer", cxxopts::value<int64_t>())(
-      "top-k", "Without --model: experts per token", cxxopts::value<int64_t>())(
-      "layers", "Without --model: MoE layers", cxxopts::value<int64_t>()->default_value("1"))(
+      "hidden", "Without --model: hidden size, 1..2^20 (no dense part is modelled)", cxxopts::value<int64_t>())(
+      "intermediate", "Without --model: expert intermediate size, 1..2^20", cxxopts::value<int64_t>())(
+      "experts", "Without --model: routed experts per layer, 1..65536", cxxopts::value<int64_t>())(
+      "top-k", "Without --model: experts per token, 1..experts", cxxopts::value<int64_t>())(
+      "layers", "Without --model: MoE layers, 1..65536", cxxopts::value<int64_t>()->default_value("1"))(
       "placement", "Placement JSON (colibri place) for this world size", cxxopts::value<std::string>())(
       "policy", "Without --placement: contiguous or round_robin over the host ranks",
       cxxopts::value<std::string>()->default_value("contiguous"))(
       "trace", "Routing trace: B rows per step and layer, taken in order (wrapping)", cxxopts::value<std::string>())(
       "stats", "Expert-load statistics: tokens drawn with these loads (seeded)", cxxopts::value<std::string>())(
-      "b,batch", "Tokens per step (decode: sequences)", cxxopts::value<int64_t>())(
-      "context", "KV positions per sequence read by attention", cxxopts::value<int64_t>()->default_value("1024"))(
-      "steps", "Steps drawn per layer (results are their mean)", cxxopts::value<int64_t>()->default_value("4"))(
+      "b,batch", "Tokens per step (decode: sequences), 1..2^24", cxxopts::value<int64_t>())(
+      "context", "KV positions per sequence read by attention, 0..2^24", cxxopts::value<int64_t>()->default_value("1024"))(
+      "steps", "Steps drawn per layer (results are their mean), 1..10000", cxxopts::value<int64_t>()->default_value("4"))(
       "seed", "Seed of the drawn routing", cxxopts::value<uint64_t>()->default_value("1"))(
       "source", "data_parallel (tokens spread over all ranks, each does the dense part of its own; all ranks\n"
                 "host experts) or coordinator (Colibri's engine: rank 0 holds all tokens and the dense part)",
@@ -106,12 +108,17 @@ int cmd_simulate(int argc, char** argv) {
     throw Error(Status::InvalidArgument, "simulate: give --trace or --stats, not both");
 
   SimOptions opt;
-  opt.batch = r["batch"].as<int64_t>();
-  if (opt.batch < 1) throw Error(Status::InvalidArgument, "--batch must be >= 1, got " + std::to_string(opt.batch));
-  opt.context = r["context"].as<int64_t>();
-  if (opt.context < 0) throw Error(Status::InvalidArgument, "--context must be >= 0");
-  opt.steps = r["steps"].as<int64_t>();
-  if (opt.steps < 1) throw Error(Status::InvalidArgument, "--steps must be >= 1");
+  opt.batch = option_in_range(r, "batch", Range<int64_t>{1, kMaxPositions});
+  opt.context = option_in_range(r, "context", Range<int64_t>{0, kMaxPositions});
+  opt.steps = option_in_range(r, "steps", Range<int64_t>{1, 10000});
+  const int nodes = option_or(r, "nodes", 0, Range<int>{1, kMaxRanks});
+  if (!r.count("model")) {
+    // Checked here, before any file is read; the model's own come from its config.
+    option_in_range(r, "layers", Range<int64_t>{1, 65536});
+    for (const char* k : {"hidden", "intermediate"}) option_or(r, k, 1, Range<int64_t>{1, int64_t{1} << 20});
+    const int64_t e = option_or(r, "experts", 1, Range<int64_t>{1, 65536});
+    option_or(r, "top-k", 1, Range<int64_t>{1, e, false, "(at most --experts)"});
+  }
   opt.seed = r["seed"].as<uint64_t>();
   const std::string source = r["source"].as<std::string>(), send = r["send"].as<std::string>();
   if (source != "data_parallel" && source != "coordinator")
@@ -127,8 +134,7 @@ int cmd_simulate(int argc, char** argv) {
 
   ClusterSpec cluster = ClusterSpec::load(r["cluster"].as<std::string>());
   if (r.count("nodes")) {
-    const int n = r["nodes"].as<int>();
-    if (n < 1) throw Error(Status::InvalidArgument, "--nodes must be >= 1");
+    const int n = nodes;
     if (n > 1 && cluster.nics_per_node == 0)
       throw Error(Status::InvalidArgument, "--nodes " + std::to_string(n) + ": cluster '" + cluster.name +
                                                "' has no inter_node link");
@@ -235,18 +241,19 @@ int cmd_simulate(int argc, char** argv) {
     return 0;
   }
 
-  std::printf("cluster %s (%s): %d node(s) x %d %s = %d ranks; NVLink-class %s %.0f GB/s %.1f us", cluster.name.c_str(),
-              cluster.source.c_str(), cluster.nodes, cluster.gpus_per_node, cluster.device.name.c_str(), world,
-              cluster.intra.name.c_str(), cluster.intra.bytes_per_s() / 1e9, cluster.intra.latency_us);
+  // NOTE: names from the cluster and statistics files go through printable().
+  std::printf("cluster %s (%s): %d node(s) x %d %s = %d ranks; NVLink-class %s %.0f GB/s %.1f us",
+              printable(cluster.name).c_str(), printable(cluster.source).c_str(), cluster.nodes, cluster.gpus_per_node,
+              printable(cluster.device.name).c_str(), world, printable(cluster.intra.name).c_str(), cluster.intra.bytes_per_s() / 1e9, cluster.intra.latency_us);
   if (cluster.nics_per_node)
-    std::printf("; %s %.1f GB/s per device %.1f us", cluster.inter.name.c_str(),
+    std::printf("; %s %.1f GB/s per device %.1f us", printable(cluster.inter.name).c_str(),
                 cluster.inter_bytes_per_s_per_device() / 1e9, cluster.inter.latency_us);
   std::printf("\nmodel %s: %lld layers (%d MoE), %d experts, top-%lld, hidden %lld, expert intermediate %lld\n",
               shape.architecture.c_str(), static_cast<long long>(shape.num_layers), L, E,
               static_cast<long long>(shape.top_k), static_cast<long long>(shape.hidden),
               static_cast<long long>(shape.intermediate));
   std::printf("placement %s; routing %s; batch %lld, context %lld, %lld step(s); tokens %s, sent %s\n",
-              placement_from.c_str(), routing_from.c_str(), static_cast<long long>(opt.batch),
+              printable(placement_from).c_str(), printable(routing_from).c_str(), static_cast<long long>(opt.batch),
               static_cast<long long>(opt.context), static_cast<long long>(opt.steps), source.c_str(), send.c_str());
   std::printf("%5s %5s %9s %9s %6s %11s %11s %11s %3s %11s %11s\n", "layer", "moe", "max rows", "mean rows", "bal",
               "dispatch ms", "compute ms", "combine ms", "mb", "dense ms", "total ms");

@@ -8,6 +8,7 @@
 
 #include "coordinator/routing_trace.h"
 #include "launcher/commands.h"
+#include "launcher/options.h"
 #include "model/error.h"
 
 namespace colibri::cli {
@@ -19,7 +20,7 @@ int cmd_stats(int argc, char** argv) {
                      "a Mixtral-8x7B import (../shared/traces/), detected from its first line.");
   o.add_options()("trace", "Routing trace (JSONL)", cxxopts::value<std::string>())(
       "o,out", "Write the statistics as JSON (for colibri place --stats and --cache-policy pinned)",
-      cxxopts::value<std::string>())("top", "Hottest experts to show per layer",
+      cxxopts::value<std::string>())("top", "Hottest experts to show per layer, 0..65536",
                                      cxxopts::value<int>()->default_value("3"));
   add_common_options(o);
   o.parse_positional({"trace"});
@@ -28,8 +29,7 @@ int cmd_stats(int argc, char** argv) {
   if (handle_common(o, r)) return 0;
   if (!r.count("trace")) throw Error(Status::InvalidArgument, "stats needs a TRACE file (colibri stats TRACE --out STATS.json)");
   if (!r.unmatched().empty()) throw Error(Status::InvalidArgument, "stats takes one TRACE, got also '" + r.unmatched()[0] + "'");
-  const int top = r["top"].as<int>();
-  if (top < 0) throw Error(Status::InvalidArgument, "--top must be >= 0");
+  const int top = option_in_range(r, "top", Range<int>{0, 65536});
 
   check_output_options(r, {"out"}, option_paths(r, {"trace"}));
   const RoutingTrace trace = read_routing_trace(r["trace"].as<std::string>());

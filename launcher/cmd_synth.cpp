@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include "launcher/commands.h"
+#include "launcher/options.h"
 #include "model/error.h"
 #include "model/synth.h"
 
@@ -41,8 +42,8 @@ int cmd_synth(int argc, char** argv) {
       "seed", "Random seed", cxxopts::value<uint64_t>()->default_value("0"))(
       "out", "Output directory", cxxopts::value<std::string>())(
       "dtype", "Weight dtype (default: f32 for tiny/small, bf16 for medium)", cxxopts::value<std::string>())(
-      "shard-mb", "Split into shards of at most this many MiB", cxxopts::value<uint64_t>()->default_value("1024"))(
-      "vocab", "Vocabulary size instead of the preset's (e.g. to fit a tokenizer)", cxxopts::value<int64_t>());
+      "shard-mb", "Split into shards of at most this many MiB, 1..2^20", cxxopts::value<uint64_t>()->default_value("1024"))(
+      "vocab", "Vocabulary size instead of the preset's (e.g. to fit a tokenizer), 1..2^20", cxxopts::value<int64_t>());
   add_common_options(o);
   auto r = o.parse(argc, argv);
   if (handle_common(o, r)) return 0;
@@ -51,12 +52,8 @@ int cmd_synth(int argc, char** argv) {
   so.arch = r["arch"].as<std::string>();
   so.preset = r["preset"].as<std::string>();
   so.seed = r["seed"].as<uint64_t>();
-  so.shard_bytes = r["shard-mb"].as<uint64_t>() << 20;
-  if (r.count("vocab")) {
-    so.vocab_size = r["vocab"].as<int64_t>();
-    if (so.vocab_size < 1) throw Error(Status::InvalidArgument, "--vocab must be >= 1");
-  }
-  if (so.shard_bytes == 0) throw Error(Status::InvalidArgument, "--shard-mb must be > 0");
+  so.shard_bytes = option_in_range(r, "shard-mb", Range<uint64_t>{1, uint64_t{1} << 20}) << 20;
+  if (r.count("vocab")) so.vocab_size = option_in_range(r, "vocab", Range<int64_t>{1, int64_t{1} << 20});
   if (r.count("dtype")) {
     auto dt = dtype_from_name(r["dtype"].as<std::string>());
     if (!dt) throw Error(Status::InvalidArgument, "unknown --dtype '" + r["dtype"].as<std::string>() + "'");

@@ -13,6 +13,7 @@
 #include "launcher/commands.h"
 #include "model/error.h"
 #include "model/file_io.h"
+#include "model/printable.h"
 
 namespace colibri::cli {
 
@@ -140,19 +141,20 @@ int main(int argc, char** argv) {
     try {
       return c.fn(argc - 1, argv + 1);
     } catch (const colibri::Error& e) {
-      spdlog::error("{}", e.what());
+      // NOTE: messages quote strings from files (tensor names...): no raw control bytes on the terminal.
+      spdlog::error("{}", colibri::terminal_safe(e.what()));
       return colibri::exit_code(e.status());
     } catch (const cxxopts::exceptions::exception& e) {
-      spdlog::error("{} (see colibri {} --help)", e.what(), c.name);
+      spdlog::error("{} (see colibri {} --help)", colibri::terminal_safe(e.what()), c.name);
       return 2;
     } catch (const std::filesystem::filesystem_error& e) {
-      spdlog::error("{}", e.what());
+      spdlog::error("{}", colibri::terminal_safe(e.what()));
       return colibri::exit_code(colibri::Status::Io);
     } catch (const std::bad_alloc&) {
       spdlog::error("out of memory");
       return colibri::exit_code(colibri::Status::OutOfMemory);
     } catch (const std::exception& e) {
-      spdlog::error("internal error: {}", e.what());
+      spdlog::error("internal error: {}", colibri::terminal_safe(e.what()));
       return colibri::exit_code(colibri::Status::Internal);
     }
   }

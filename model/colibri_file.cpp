@@ -19,6 +19,7 @@
 
 #include "model/error.h"
 #include "model/file_io.h"
+#include "model/printable.h"
 
 namespace colibri {
 
@@ -47,7 +48,7 @@ ExpertLayout expert_layout(const ModelConfig& c, DType dtype) {
   l.gate_offset = 0;
   QuantType qt = QuantType::None;
   if (!quant_type_from_name(c.expert_quant.type, &qt))
-    throw Error(Status::Format, "invalid model config: expert_quant.type '" + c.expert_quant.type + "' is not supported");
+    throw Error(Status::Format, "invalid model config: expert_quant.type '" + printable(c.expert_quant.type) + "' is not supported");
   if (qt == QuantType::None) {
     const uint64_t mat = I * H * dtype_size(dtype);
     l.up_offset = align_up(mat, kMatrixAlign);
@@ -246,7 +247,7 @@ std::string_view ColibriFile::tokenizer_bytes() const {
 void ColibriFile::verify_tensor(const TensorView& t) const {
   uint64_t got = checksum64(t.data, t.size);
   if (got != t.checksum)
-    throw Error(Status::Checksum, path() + ": checksum mismatch in tensor '" + t.name + "' (offset " +
+    throw Error(Status::Checksum, path() + ": checksum mismatch in tensor '" + printable(t.name) + "' (offset " +
                                       std::to_string(t.offset) + ")");
 }
 
@@ -286,9 +287,9 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
     std::string text(reinterpret_cast<const char*>(base + h.config_offset), h.config_size);
     f->config_ = ModelConfig::from_json(nlohmann::json::parse(text));
   } catch (const nlohmann::json::exception& e) {
-    bad(path, std::string("embedded config is not valid JSON (") + e.what() + ")");
+    bad(path, std::string("embedded config is not valid JSON (") + terminal_safe(e.what()) + ")");
   } catch (const Error& e) {
-    bad(path, e.what());
+    bad(path, terminal_safe(e.what()));  // NOTE: it may quote the config's strings
   }
   const ModelConfig& c = f->config_;
 
@@ -309,7 +310,7 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
       bad(path, "tensor record " + std::to_string(i) + " has an empty or unterminated name");
     TensorView t;
     t.name = r.name;
-    std::string what = "tensor '" + t.name + "'";
+    std::string what = "tensor '" + printable(t.name) + "'";  // NOTE: the name's bytes come from the file
     if (!names.insert(t.name).second) bad(path, what + " appears twice");
     if (r.dtype == kRawBytesDType || t.name == kTokenizerRecord) {
       // The embedded tokenizer file: raw bytes [nbytes], named by the config.
@@ -461,9 +462,9 @@ std::shared_ptr<ColibriFile> ColibriFile::open(const std::string& path, Options 
   for (const auto& t : f->tensors_)
     if (t.quant != QuantType::None &&
         std::none_of(specs.begin(), specs.end(), [&](const TensorSpec& s) { return s.name == t.name; }))
-      bad(path, "tensor '" + t.name + "' is stored quantised but the config does not use it");
+      bad(path, "tensor '" + printable(t.name) + "' is stored quantised but the config does not use it");
   if (c.tokenizer.present() && !f->tokenizer_.data)
-    bad(path, "the config names a tokenizer (kind " + c.tokenizer.kind +
+    bad(path, "the config names a tokenizer (kind " + printable(c.tokenizer.kind) +
                   ") but the tensor directory has no 'tokenizer' record");
   if (opts.verify_dense) {
     for (const auto& t : f->tensors_) f->verify_tensor(t);

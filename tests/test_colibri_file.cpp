@@ -833,6 +833,80 @@ TEST_F(ColibriFileTest, LargestDimensionIsCheckedAgainstItsSize) {
                {"tensor 'output' size 262144 does not match its shape and dtype (17179869184 bytes)"});
 }
 
+// Tensor names from the file holding a terminal escape, bytes that are not
+// UTF-8, or a backslash: `inspect` prints them escaped (\xNN, a backslash as
+// \\: distinct names stay distinct), never raw; `inspect --json` parses and
+// holds the same escaped name (it died with an internal error on the 0xff);
+// and the error messages naming them (a checksum mismatch) are escaped too.
+TEST_F(ColibriFileTest, InspectEscapesNamesFromTheFile) {
+  struct Case {
+    std::string raw, shown;
+  };
+  const std::vector<Case> cases = {{"out\x1b[31mput", "out\\x1b[31mput"},
+                                   {std::string("out\xff\xfeput"), "out\\xff\\xfeput"},
+                                   {"out\\x1b[31mput", "out\\\\x1b[31mput"},
+                                   {"a\x7f\xc2\x9b\xc3\xa9\x01", "a\\x7f\\xc2\\x9b\xc3\xa9\\x01"}};
+  const std::string good = read_bytes(model_path(DType::F32));
+  TempDir d;
+  int k = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE("shown as " + c.shown);
+    // "output" becomes an extra tensor (tied embeddings), free to have any name.
+    std::string b = good;
+    edit_config(b, "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true ");
+    TensorRecord r = tensor_rec(b, "output");
+    std::memset(r.name, 0, sizeof r.name);
+    std::memcpy(r.name, c.raw.data(), c.raw.size());
+    set_tensor_rec(b, "output", r);
+    reseal(b);
+    const std::string path = d.file("names" + std::to_string(k++) + ".colibri");
+    write_bytes(path, b);
+    auto f = ColibriFile::open(path);
+    ASSERT_NE(f->find(c.raw), nullptr);
+
+    auto text = test::run_cli(d, {"inspect", path});
+    ASSERT_TRUE(text.exited) << "killed by signal " << text.code;
+    EXPECT_EQ(text.code, 0) << text.err;
+    EXPECT_EQ(text.out.find('\x1b'), std::string::npos) << "a raw ESC byte in: " << text.out;
+    EXPECT_EQ(text.out.find(c.raw), std::string::npos) << "the raw name is printed";
+    EXPECT_NE(text.out.find(c.shown + " "), std::string::npos) << text.out;
+
+    auto js = test::run_cli(d, {"inspect", "--json", path});
+    ASSERT_TRUE(js.exited) << "killed by signal " << js.code;
+    EXPECT_EQ(js.code, 0) << js.err;
+    EXPECT_EQ(js.out.find('\x1b'), std::string::npos);
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(js.out)) << js.out.substr(0, 400);
+    std::vector<std::string> names;
+    for (const auto& t : j["tensors"]) names.push_back(t["name"].get<std::string>());
+    EXPECT_NE(std::find(names.begin(), names.end(), c.shown), names.end()) << "the JSON lacks the escaped name";
+    EXPECT_NE(std::find(names.begin(), names.end(), "token_embd"), names.end());
+
+    // A checksum mismatch in that tensor: --verify's report and the error of a
+    // command that loads the model name it escaped.
+    b[tensor_rec(b, c.raw).offset] ^= 0x10;
+    write_bytes(path, b);
+    for (const std::vector<std::string>& args : {std::vector<std::string>{"inspect", "--verify", path},
+                                                 {"inspect", "--verify", "--json", path},
+                                                 {"generate", "--model", path, "--prompt-ids", "1,2", "-n", "1"}}) {
+      SCOPED_TRACE(args[0] + " " + args[1]);
+      auto v = test::run_cli(d, args);
+      ASSERT_TRUE(v.exited) << "killed by signal " << v.code;
+      EXPECT_EQ(v.code, exit_code(Status::Checksum)) << v.err;
+      const std::string all = v.out + v.err;
+      EXPECT_EQ(all.find('\x1b'), std::string::npos) << "a raw ESC byte in: " << all;
+      EXPECT_EQ(all.find(c.raw), std::string::npos) << "the raw name is printed";
+      if (args[2] == "--json") {
+        ASSERT_NO_THROW(j = nlohmann::json::parse(v.out));
+        ASSERT_EQ(j["verified"]["failures"].size(), 1u);
+        EXPECT_NE(j["verified"]["failures"][0].get<std::string>().find("tensor '" + c.shown + "'"), std::string::npos);
+      } else {
+        EXPECT_NE(all.find("checksum mismatch in tensor '" + c.shown + "'"), std::string::npos) << all;
+      }
+    }
+  }
+}
+
 TEST_F(ColibriFileTest, DenseDataCorruption) {
   COLIBRI_SEED_TRACE(seed_);
   std::mt19937_64 rng(seed_);

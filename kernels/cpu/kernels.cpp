@@ -8,6 +8,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+
+#include "model/error.h"
 
 namespace colibri::kernels {
 
@@ -158,6 +161,9 @@ void to_f32(const void* src, DType t, int64_t n, float* dst) {
 }
 
 int set_threads(int n) {
+  if (n < 0 || n > kMaxThreads)
+    throw Error(Status::InvalidArgument, "thread count " + std::to_string(n) + " is out of range [0, " +
+                                             std::to_string(kMaxThreads) + "] (0 = all cores)");
   if (n > 0) omp_set_num_threads(n);
   return omp_get_max_threads();
 }

@@ -85,7 +85,12 @@ GemmStats gemm_stats();
 // Converts `n` stored elements to f32.
 void to_f32(const void* src, DType t, int64_t n, float* dst);
 
+// The most compute threads accepted (--threads, colibri_config.n_threads):
+// OpenMP crashes (SIGSEGV) when asked for far more threads than it can create.
+constexpr int kMaxThreads = 1024;
+
 // Sets the OpenMP thread count (0: all cores); returns the count in use.
+// Error(InvalidArgument) outside [0, kMaxThreads].
 int set_threads(int n);
 
 }  // namespace colibri::kernels
