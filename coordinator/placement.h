@@ -36,7 +36,7 @@ class Placement {
   // checks the placement fits the run (check_fits).
   static Placement load(const std::string& path);
   static Placement load(const std::string& path, int world_size, int num_layers, int num_experts);
-  void save(const std::string& path) const;  // writes PATH.tmp, renamed to PATH; throws Error(Io)
+  void save(const std::string& path) const;  // writes PATH.tmp.XXXXXX, renamed to PATH; throws Error(Io)
 
   // Every (layer, expert) has >= 1 owner, owners in [0, world_size), no owner
   // twice in one list, and rank 0 owns nothing unless coordinator_hosts_experts

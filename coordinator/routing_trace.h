@@ -48,9 +48,9 @@ struct RoutingTrace {
 //   {"format":"colibri-routing","version":1,"num_layers":L,"num_experts":E,"top_k":K}
 // then one line per (step, layer, token):
 //   {"step":S,"layer":L,"seq":I,"pos":P,"experts":[...],"weights":[...]}
-// NOTE: lines go to PATH.tmp, renamed to PATH by close() (or the destructor), so
+// NOTE: lines go to PATH.tmp.XXXXXX, renamed to PATH by close() (or the destructor), so
 // a complete trace never coexists with a half-written one. A writer destroyed
-// while an exception unwinds removes PATH.tmp instead (no half-written output).
+// while an exception unwinds removes PATH.tmp.XXXXXX instead (no half-written output).
 class RoutingTraceWriter {
  public:
   RoutingTraceWriter(const std::string& path, int num_layers, int num_experts, int top_k);  // throws Error(Io|InvalidArgument)
@@ -58,8 +58,8 @@ class RoutingTraceWriter {
   // Throws Error(InvalidArgument) for a layer or expert out of range, k != top_k,
   // a repeated expert or a non-finite weight; Error(Io) when the disk fails.
   void write(int64_t step, int layer, int seq, int pos, const int32_t* experts, const float* weights, int k);
-  void flush();  // pushes buffered lines into PATH.tmp; throws Error(Io)
-  void close();  // flushes, closes and renames PATH.tmp to PATH; throws Error(Io); idempotent
+  void flush();  // pushes buffered lines into PATH.tmp.XXXXXX; throws Error(Io)
+  void close();  // flushes, closes and renames PATH.tmp.XXXXXX to PATH; throws Error(Io); idempotent
   const std::string& path() const;
   uint64_t rows_written() const;
 
@@ -121,7 +121,7 @@ struct ExpertStats {
 // Layers and experts come from the trace (or from its records when those are 0);
 // throws Error(InvalidArgument) for an empty trace or a record out of range.
 ExpertStats aggregate_stats(const RoutingTrace& trace);
-// Writes PATH.tmp, renamed to PATH when complete. Throws Error(Io|InvalidArgument).
+// Writes PATH.tmp.XXXXXX, renamed to PATH when complete. Throws Error(Io|InvalidArgument).
 void save_expert_stats(const ExpertStats& s, const std::string& path);
 // Validates format/version, dimensions > 0, the load matrix shape and that every
 // count is a non-negative integer. Throws Error(Io|Format).

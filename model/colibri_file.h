@@ -212,8 +212,8 @@ class ColibriFile {
 
 // Streaming writer: offsets are planned up front, tensors and experts are
 // written with pwrite as they come (peak memory about one tensor), the
-// directory and header last, into PATH.tmp, renamed to PATH by finish().
-// Destroyed unfinished, it removes PATH.tmp.
+// directory and header last, into PATH.tmp.XXXXXX, renamed to PATH by finish().
+// Destroyed unfinished, it removes that temporary.
 class ColibriWriter {
  public:
   struct DenseTensor {
