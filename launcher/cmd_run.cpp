@@ -295,11 +295,31 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
         std::printf("sequence %zu%s: %s\n", i, sig || out[i].finish_reason == "error" ? " (partial)" : "", ids.c_str());
       }
     if (sig) std::fprintf(rep, "interrupted by %s: the sequences above are partial\n", signal_name(sig));
+    // --dump-logits: every position's logits so far (NaN-padded), also when the run
+    // was interrupted or failed (the failed pass's logits are not among them).
+    auto write_logits = [&] {
+      const int64_t V = cfg.vocab_size;
+      int64_t P = 0;
+      for (const auto& q : out) P = std::max<int64_t>(P, static_cast<int64_t>(q.logits.size()) / V);
+      std::vector<float> all(static_cast<size_t>(out.size() * P * V), std::numeric_limits<float>::quiet_NaN());
+      for (size_t i = 0; i < out.size(); ++i)
+        std::copy(out[i].logits.begin(), out[i].logits.end(), all.begin() + static_cast<ptrdiff_t>(i * P * V));
+      write_npy_f32(r["dump-logits"].as<std::string>(), {static_cast<int64_t>(out.size()), P, V}, all.data());
+      spdlog::info("wrote {}logits [{}, {}, {}] to {}", partial ? "partial " : "", out.size(), P, V,
+                   r["dump-logits"].as<std::string>());
+    };
     if (failure) {
       std::fprintf(rep, "stopped by an error (%s, exit %d): the sequences above are partial\n",
                    status_name(failure->status()), exit_code(failure->status()));
       std::fflush(stdout);
       std::fflush(rep);
+      if (go.record_logits) {
+        try {
+          write_logits();
+        } catch (const Error& e) {
+          spdlog::error("the partial logits were not written: {}", e.what());
+        }
+      }
       throw Error(*failure);
     }
     // NOTE: stdout to a file is fully buffered; flush now, so a SIGKILL while
@@ -339,17 +359,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     // Everyone is done computing: synchronise before the (possibly slow) writes.
     if (world > 1) comm->barrier();
 
-    if (go.record_logits) {
-      const int64_t V = cfg.vocab_size;
-      int64_t P = 0;
-      for (const auto& q : out) P = std::max<int64_t>(P, static_cast<int64_t>(q.logits.size()) / V);
-      std::vector<float> all(static_cast<size_t>(out.size() * P * V), std::numeric_limits<float>::quiet_NaN());
-      for (size_t i = 0; i < out.size(); ++i)
-        std::copy(out[i].logits.begin(), out[i].logits.end(), all.begin() + static_cast<ptrdiff_t>(i * P * V));
-      write_npy_f32(r["dump-logits"].as<std::string>(), {static_cast<int64_t>(out.size()), P, V}, all.data());
-      spdlog::info("wrote {}logits [{}, {}, {}] to {}", sig ? "partial " : "", out.size(), P, V,
-                   r["dump-logits"].as<std::string>());
-    }
+    if (go.record_logits) write_logits();
     rt.finish();
     std::fflush(stdout);
     return sig ? 128 + sig : 0;

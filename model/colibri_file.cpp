@@ -229,6 +229,7 @@ const ExpertView& ColibriFile::expert(int layer, int expert) const {
 void ColibriFile::verify_expert(const ExpertView& e) const {
   uint64_t got = checksum64(e.block, e.size);
   if (got != e.checksum) {
+    check_unchanged();  // NOTE: a file changed in use explains the mismatch: say so (Error(FileChanged))
     char buf[64];
     std::snprintf(buf, sizeof buf, "%016llx, expected %016llx", (unsigned long long)got, (unsigned long long)e.checksum);
     throw Error(Status::Checksum, path() + ": checksum mismatch in expert " + std::to_string(e.expert) + " of layer " +
@@ -246,6 +247,7 @@ std::string_view ColibriFile::tokenizer_bytes() const {
 
 void ColibriFile::verify_tensor(const TensorView& t) const {
   uint64_t got = checksum64(t.data, t.size);
+  if (got != t.checksum) check_unchanged();
   if (got != t.checksum)
     throw Error(Status::Checksum, path() + ": checksum mismatch in tensor '" + printable(t.name) + "' (offset " +
                                       std::to_string(t.offset) + ")");

@@ -184,7 +184,8 @@ class ColibriFile {
   const ExpertView& expert(int layer, int expert) const;
   const std::vector<ExpertView>& experts() const { return experts_; }
   DType expert_dtype() const { return experts_.front().dtype; }
-  // Checks an expert block's checksum; throws Error(Checksum) naming it.
+  // Checks an expert block's checksum; throws Error(Checksum) naming it, or
+  // Error(FileChanged) when the file changed since it was opened (the cause).
   void verify_expert(const ExpertView& e) const;
   void verify_tensor(const TensorView& t) const;
   void prefetch(uint64_t offset, uint64_t size) const { file_.prefetch(offset, size); }

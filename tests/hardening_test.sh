@@ -201,10 +201,14 @@ is_prefix() {
   [ "$got" != "$REF" ] || fail "the run finished before the file changed (make it longer)"
 }
 cp "$T/s.colibri" "$T/s1.colibri"
-during_run 'truncate -s 100000000 "$T/s1.colibri"' "$BIN" generate --model "$T/s1.colibri" "${LONG[@]}"
+during_run 'truncate -s 100000000 "$T/s1.colibri"' "$BIN" generate --model "$T/s1.colibri" "${LONG[@]}" \
+  --dump-logits "$T/part.npy"
 [ "$RC" -eq 21 ] || fail "truncated during a run: exit $RC, expected 21"
 err_has "s1.colibri"; err_has "changed while in use"; out_has "(partial)"; is_prefix
-pass "truncated during a run: exit 21, the file named, the tokens so far printed (a prefix of the full run)"
+# The logits so far: [1, prompt + tokens - 1, vocab] (the tokens printed, the prompt of 3).
+NTOK=$(sed -n 's/^sequence 0 (partial): //p' "$T/out" | tr ',' '\n' | wc -l)
+head -c 128 "$T/part.npy" | grep -aq "'shape': (1, $((NTOK + 2)), " || fail "the partial logits were not written with $((NTOK + 2)) positions"
+pass "truncated during a run: exit 21, the file named, the tokens so far printed (a prefix of the full run) and their logits written"
 cp "$T/s.colibri" "$T/s2.colibri"
 during_run 'dd if="$T/s.colibri" of="$T/s2.colibri" bs=4096 count=1 conv=notrunc status=none' \
   "$BIN" generate --model "$T/s2.colibri" "${LONG[@]}"

@@ -54,6 +54,20 @@ void ExpertStore::hint(const uint64_t* keys, size_t n) {
 
 CacheStats ExpertStore::stats() const { return cache_ ? cache_->stats() : direct_; }
 
+bool ExpertStore::verify(const ExpertView& src) const {
+  try {
+    file_->verify_expert(src);
+    return true;
+  } catch (const Error& e) {
+    // NOTE: a block read from a file truncated or rewritten under the run is
+    // served as it is: the run ends at the end of this forward pass (the
+    // engine's check, or the worker's report in cluster::end_pass) with every
+    // token so far, instead of dying mid-exchange. A corrupt block throws.
+    if (e.status() == Status::FileChanged) return false;
+    throw;
+  }
+}
+
 const ExpertView& ExpertStore::get(int layer, int expert, uint64_t now) {
   const ExpertView& src = file_->expert(layer, expert);
   const uint64_t key = static_cast<uint64_t>(layer) * experts_ + expert;
@@ -63,8 +77,7 @@ const ExpertView& ExpertStore::get(int layer, int expert, uint64_t now) {
       return src;
     }
     file_->prefetch(src.offset, src.size);
-    file_->verify_expert(src);  // reads the whole block: resident afterwards
-    verified_[key] = 1;
+    verified_[key] = verify(src);  // reads the whole block: resident afterwards
     ++direct_.misses;
     direct_.bytes_loaded += src.size;
     return src;
@@ -79,10 +92,7 @@ const ExpertView& ExpertStore::get(int layer, int expert, uint64_t now) {
   if (!cache_->resident(key)) {
     // The policy admitted nothing (every slot is pinned): served straight
     // from the host tier, verified once.
-    if (!verified_[key]) {
-      file_->verify_expert(src);
-      verified_[key] = 1;
-    }
+    if (!verified_[key]) verified_[key] = verify(src);
     return src;
   }
   if (evicted >= 0) {
@@ -103,11 +113,13 @@ const ExpertView& ExpertStore::load(uint64_t key, const ExpertView& src) {
   std::memcpy(dst, src.block, src.size);
   // The copy is what gets used, so the checksum is checked on it (first load).
   if (!verified_[key]) {
+    bool ok = true;
     if (checksum64(dst, src.size) != src.checksum) {
       free_.push_back(s);  // the slot stays usable; the error propagates
-      file_->verify_expert(src);  // throws with the full message
+      ok = verify(src);    // throws with the full message (unless the file changed)
+      free_.pop_back();
     }
-    verified_[key] = 1;
+    verified_[key] = ok;
   }
   release_mapped_pages(src.block, src.size);  // the host tier's pages are not needed now
   ExpertView& v = views_[static_cast<size_t>(s)];

@@ -52,6 +52,10 @@ class ExpertStore {
  private:
   // Copies a block into a free slot (checksum checked on its first load).
   const ExpertView& load(uint64_t key, const ExpertView& src);
+  // The block's checksum: true if it matches; false (the block is served as it
+  // is, unverified) when the model file changed under the run, which then ends
+  // at the end of the forward pass; throws Error(Checksum) on a corrupt block.
+  bool verify(const ExpertView& src) const;
 
   std::shared_ptr<const ColibriFile> file_;
   int64_t experts_;
