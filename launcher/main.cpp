@@ -2,7 +2,6 @@
 // into messages and exit codes (the only place that does).
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -57,9 +56,7 @@ void check_output_options(const cxxopts::ParseResult& r, std::initializer_list<c
     const std::string out = r[n].as<std::string>();
     check_output(out, inputs, "--" + std::string(n));
     for (const std::string& s : seen) {
-      struct stat a {}, b {};
-      if (s == out || (::stat(s.c_str(), &a) == 0 && ::stat(out.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
-                       a.st_ino == b.st_ino))
+      if (s == out || same_file(s, out))
         throw colibri::Error(colibri::Status::InvalidArgument,
                              "--" + std::string(n) + " '" + out + "' is also the output of another option ('" + s + "')");
     }

@@ -89,14 +89,17 @@ std::string read_input(const std::string& path, std::string_view what) {
   return text;
 }
 
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 void check_output(const std::string& out, const std::vector<std::string>& inputs, std::string_view what) {
   if (out.empty()) throw Error(Status::InvalidArgument, std::string(what) + ": the output path is empty");
   struct stat so {};
   if (::stat(out.c_str(), &so) != 0) return;  // does not exist (yet): nothing to destroy
   for (const std::string& in : inputs) {
-    struct stat si {};
-    if (in.empty() || ::stat(in.c_str(), &si) != 0) continue;
-    if (si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+    if (!in.empty() && same_file(in, out))
       throw Error(Status::InvalidArgument, std::string(what) + " " + quoted(out) + " is the input " + quoted(in) +
                                                ": refusing to overwrite an input");
   }

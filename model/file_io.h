@@ -29,6 +29,10 @@ std::string read_input(const std::string& path, std::string_view what = "file");
 // What kind of file a mode is, for messages: "a directory", "a FIFO", ...
 const char* file_kind(unsigned mode);
 
+// True when both paths exist and are one file (same device and inode, through
+// symlinks and hard links).
+bool same_file(const std::string& a, const std::string& b);
+
 // Checks an output path before any work is done: refuses (Error(InvalidArgument),
 // naming both paths) an output that resolves to one of `inputs` (same device
 // and inode, through symlinks and hard links) and an existing output that is
