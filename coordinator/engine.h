@@ -10,21 +10,20 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "coordinator/dispatch.h"
-#include "coordinator/kv_cache.h"
-#include "coordinator/placement.h"
+#include "coordinator/model.h"
+#include "coordinator/model_plan.h"
 #include "coordinator/sampling.h"
-#include "coordinator/stage_clock.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
+#include "model/placement.h"
+#include "model/stage_clock.h"
+#include "worker/dispatch.h"
 #include "worker/worker.h"
 
 namespace colibri {
 
 class RoutingTraceWriter;
 class RoutingReplay;
-struct LayerWeights;
-class GpuDense;
 
 struct EngineOptions {
   int64_t max_batch = 4;        // most sequences per generate() call
@@ -42,7 +41,7 @@ struct EngineOptions {
   // waiting for the slowest rank from the transfer (bench; see MoeDispatcher).
   bool stage_sync = false;
   // The dense part (embedding, attention, KV cache, router, dense FFNs, LM head)
-  // on this CUDA GPU (coordinator/gpu_dense.h); -1: on the CPU.
+  // on this CUDA GPU (coordinator/backend_cuda.cpp); -1: on the CPU.
   int device = -1;
   // Debugging aid (--check-numerics): check every row after each stage of every
   // layer (embedding, attention, feed-forward) and name the first layer and
@@ -109,11 +108,11 @@ class GenerationError : public Error {
   GenerateStats stats_;
 };
 
-class Engine {
+class Engine : private ForwardHost {
  public:
   // One rank's engine. With a world of one, this rank also serves every expert.
   Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opts, Communicator& comm);
-  ~Engine();
+  ~Engine() override;
 
   const ModelConfig& config() const { return file_->config(); }
   int64_t max_context() const { return max_ctx_; }
@@ -141,31 +140,21 @@ class Engine {
   void stop_workers();
 
  private:
-  // Runs rows (token, sequence slot, position) through the model; writes the
-  // logits of the rows with want_logits[i] into logits_ rows in order.
+  // Runs rows (token, sequence slot, position) through the model (the model
+  // definition on this rank's backend); writes the logits of the rows with
+  // want_logits[i] into logits_ rows in order.
   void forward(int64_t n, const int32_t* tokens, const int32_t* seqs, const int32_t* pos, const uint8_t* want_logits);
-  // Attention block of `layer` on xn_ -> tmp_ (output projection included).
-  void attention_gqa(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
-  void attention_mla(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
-  // Feed-forward block of `layer` on xn_ -> moe_.
-  void feed_forward(int layer, int64_t n, const int32_t* seqs, const int32_t* pos);
   // After a forward pass: the model file is unchanged (Error(FileChanged)) and
   // every logit row written is finite (Error(Numerical) naming the pass, the
   // sequence and the position). phase and index: "decode step", 7. Allocates nothing
   // unless it throws.
   void check_pass(const char* phase, int64_t index, int64_t n, const int32_t* seqs, const int32_t* pos,
                   const uint8_t* want_logits) const;
-  // --check-numerics: rows [0, n) of `x` (width w) after `stage` of `layer` are
-  // finite; with normed_next (the residual stream) also within what the next
-  // RMSNorm can square without overflow.
-  void check_stage(const char* stage, int layer, int64_t n, const float* x, int64_t w, const int32_t* seqs,
-                   const int32_t* pos, bool normed_next = false) const;
-  // The routed experts of MoE layer `moe` on rows xn: the router's choices
-  // (host) replayed and traced as asked, the rows exchanged and combined into
-  // out. stream null: xn and out host memory; else device memory, the work
-  // queued on that stream (MoeDispatcher::forward_device).
-  void routed(int moe, int64_t n, const int32_t* seqs, const int32_t* pos, const float* xn, int32_t* experts,
-              float* weights, float* out, void* stream = nullptr);
+  // ForwardHost: the routed experts of MoE layer `moe` (the router's choices
+  // replayed and traced as asked, the rows exchanged and combined), and the
+  // --check-numerics checks, for the rows of the pass in progress.
+  void routed(int moe, int64_t rows, const MoeIo& io) override;
+  void check(const char* stage, int layer, const float* x, int64_t width, bool normed_next) override;
 
   std::shared_ptr<const ColibriFile> file_;
   Communicator& comm_;
@@ -180,21 +169,13 @@ class Engine {
   bool workers_started_ = false, workers_stopped_ = false;
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<MoeDispatcher> dispatch_;
-  std::unique_ptr<KVCache> kv_;
-  std::unique_ptr<GpuDense> gpu_;  // the dense part on a GPU (EngineOptions::device)
-  std::vector<LayerWeights> layers_;
-  std::vector<float> final_norm_;
-  const TensorView* embd_ = nullptr;
-  const TensorView* lm_head_ = nullptr;
-  // Activations sized once for rows_cap_ rows:
-  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, router_, moe_, logits_, gathered_;
-  std::vector<float> ffn_gate_, ffn_up_;   // dense / shared FFN intermediates
-  std::vector<float> qa_, lat_q_, lat_o_;  // MLA: q low-rank, absorbed queries, latent outputs
-  std::vector<int32_t> experts_;
-  std::vector<float> weights_;
+  ModelPlan plan_;
   std::vector<float> rope_cos_, rope_sin_;  // [max_ctx][rope_dim / 2], times YaRN's attention factor
-  std::vector<float> scores_;               // [threads][max_ctx]
-  int threads_ = 1;
+  std::unique_ptr<DenseBackend> backend_;   // after plan_ and the rope tables, which it uses
+  std::vector<float> logits_;               // host, [rows_cap][vocab]
+  // The pass in progress (for routed() and check()).
+  int64_t pass_rows_ = 0;
+  const int32_t *pass_seqs_ = nullptr, *pass_pos_ = nullptr;
   Sampler sampler_;
 };
 

@@ -1,13 +1,13 @@
 // layer_weights.h: one decoder layer's dense weights as the coordinator reads
 // them from a .colibri file: matrices as views into the mapped file, vectors
 // (norms, biases, sinks) converted to f32. The CPU forward pass computes from
-// them and the GPU one (coordinator/gpu_dense.h) uploads them.
+// them and the GPU one (coordinator/backend_cuda.cpp) uploads them.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "model/colibri_file.h"
-#include "worker/expert_ffn.h"
+#include "model/ffn.h"
 
 namespace colibri {
 

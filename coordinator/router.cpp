@@ -24,12 +24,23 @@ RouteGroups route_groups(const RoutingConfig& cfg) {
   throw Error(Status::Unsupported, "routing group_select '" + cfg.group_select + "'");
 }
 
-void route(const RoutingConfig& cfg, const float* logits, int64_t rows, int64_t num_experts, int64_t k,
+RoutePlan RoutePlan::of(const RoutingConfig& cfg) {
+  RoutePlan p;
+  p.scoring = route_scoring(cfg);
+  p.groups = route_groups(cfg);
+  p.n_group = cfg.n_group;
+  p.topk_group = cfg.topk_group;
+  p.norm_topk_prob = cfg.norm_topk_prob;
+  p.routed_scaling_factor = cfg.routed_scaling_factor;
+  return p;
+}
+
+void route(const RoutePlan& cfg, const float* logits, int64_t rows, int64_t num_experts, int64_t k,
            const float* score_bias, int32_t* experts, float* weights) {
   using Scoring = RouteScoring;
   using Groups = RouteGroups;
-  const Scoring sc = route_scoring(cfg);
-  const Groups gs = route_groups(cfg);
+  const Scoring sc = cfg.scoring;
+  const Groups gs = cfg.groups;
   const int64_t E = num_experts, G = gs == Groups::None ? 1 : cfg.n_group, per = E / G;
   if (k < 1 || k > E || G < 1 || E % G != 0 || cfg.topk_group < 1 || cfg.topk_group > G)
     throw Error(Status::InvalidArgument, "route: bad sizes");

@@ -7,11 +7,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "coordinator/placement.h"
-#include "coordinator/routing_trace.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/file_io.h"
+#include "model/placement.h"
+#include "model/routing_trace.h"
 
 namespace colibri {
 
@@ -148,12 +148,12 @@ bool roofline_memory_bound(double flops, double bytes, const DeviceSpec& d) {
   return bytes / d.mem_bytes_per_s() > flops / d.flops();
 }
 
-int ModelShape::num_moe_layers() const {
+int ModelCost::num_moe_layers() const {
   return static_cast<int>(std::count_if(moe_index.begin(), moe_index.end(), [](int i) { return i >= 0; }));
 }
 
-ModelShape ModelShape::from_config(const ModelConfig& c) {
-  ModelShape m;
+ModelCost ModelCost::from_config(const ModelConfig& c) {
+  ModelCost m;
   m.architecture = c.architecture;
   m.hidden = c.hidden_size;
   m.intermediate = c.intermediate_size;
@@ -184,7 +184,7 @@ ModelShape ModelShape::from_config(const ModelConfig& c) {
   return m;
 }
 
-json ModelShape::to_json() const {
+json ModelCost::to_json() const {
   return {{"architecture", architecture},
           {"hidden", hidden},
           {"intermediate", intermediate},
@@ -338,7 +338,7 @@ std::vector<double> exchange_seconds(const ClusterSpec& c, const LayerTraffic& t
 namespace {
 
 // Dense part of one layer on one device for `tokens` tokens.
-double dense_layer_seconds(const ModelShape& m, int layer, const SimOptions& o, const DeviceSpec& d, double tokens,
+double dense_layer_seconds(const ModelCost& m, int layer, const SimOptions& o, const DeviceSpec& d, double tokens,
                            double* params_out = nullptr) {
   double params = m.attn_params;
   if (m.moe_index[layer] >= 0)
@@ -355,7 +355,7 @@ double dense_layer_seconds(const ModelShape& m, int layer, const SimOptions& o, 
 
 }  // namespace
 
-SimResult simulate(const ClusterSpec& c, const ModelShape& m, const Placement& p, const RoutingSource& routing,
+SimResult simulate(const ClusterSpec& c, const ModelCost& m, const Placement& p, const RoutingSource& routing,
                    const SimOptions& o) {
   if (o.batch < 1) throw Error(Status::InvalidArgument, "simulate: the batch must be >= 1 tokens, got " + std::to_string(o.batch));
   if (o.steps < 1) throw Error(Status::InvalidArgument, "simulate: steps must be >= 1, got " + std::to_string(o.steps));

@@ -82,8 +82,10 @@ double roofline_seconds(double flops, double bytes, const DeviceSpec& d);
 // True when the bytes term is the larger (memory-bound).
 bool roofline_memory_bound(double flops, double bytes, const DeviceSpec& d);
 
-// The model's sizes the simulation needs, from a ModelConfig.
-struct ModelShape {
+// The simulation's cost model of a model: parameter, cache and FLOP counts per
+// layer, from a ModelConfig or from sizes alone (--hidden ... without a model).
+// (Not a shape: the engine's one FFN shape is model/ffn.h's FfnShape.)
+struct ModelCost {
   std::string architecture;
   int64_t hidden = 0, intermediate = 0, num_experts = 0, top_k = 0, num_layers = 0, vocab = 0;
   std::vector<int> moe_index;            // [layer] index among MoE layers, -1 for a dense layer
@@ -94,7 +96,7 @@ struct ModelShape {
   double kv_elems_per_token = 0;         // per layer: K and V (GQA) or the latent (MLA)
   double attn_flops_per_token_ctx = 0;   // per layer, per query token and context position
   int num_moe_layers() const;
-  static ModelShape from_config(const ModelConfig& c);
+  static ModelCost from_config(const ModelConfig& c);
   nlohmann::json to_json() const;
 };
 
@@ -182,7 +184,7 @@ struct RoutingSource {
 
 // Throws Error(InvalidArgument) for batch < 1, steps < 1, a placement for
 // another world or model, or a routing source for another model.
-SimResult simulate(const ClusterSpec& c, const ModelShape& m, const Placement& p, const RoutingSource& routing,
+SimResult simulate(const ClusterSpec& c, const ModelCost& m, const Placement& p, const RoutingSource& routing,
                    const SimOptions& o);
 
 // Time and bytes the model predicts for DeepEP's intranode benchmark

@@ -8,13 +8,14 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "coordinator/cluster.h"
 #include "coordinator/engine.h"
-#include "coordinator/placement.h"
-#include "coordinator/routing_trace.h"
 #include "launcher/commands.h"
 #include "model/colibri_file.h"
+#include "model/placement.h"
+#include "model/routing_trace.h"
 #include "worker/expert_store.h"
+#include "worker/protocol.h"
+#include "worker/serve.h"
 
 namespace colibri::cli {
 

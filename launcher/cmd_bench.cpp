@@ -34,17 +34,17 @@
 
 #include "comm/communicator.h"
 #include "coordinator/engine.h"
-#include "coordinator/routing_trace.h"
 #include "kernels/cpu/kernels.h"
 #include "launcher/cluster_setup.h"
-#include "launcher/options.h"
 #include "launcher/commands.h"
+#include "launcher/options.h"
 #include "launcher/signals.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
-#include "model/printable.h"
-#include "model/text.h"
 #include "model/file_io.h"
+#include "model/printable.h"
+#include "model/routing_trace.h"
+#include "model/text.h"
 
 namespace colibri::cli {
 
@@ -419,7 +419,7 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
   const std::shared_ptr<RoutingReplay> replay = es.replay;
   const std::string& replay_path = es.replay_path;
   // With several ranks, barriers separate waiting from transfer; with the dense
-  // part on a GPU, the stream is synchronised at each stage (GpuDenseOptions).
+  // part on a GPU, the stream is synchronised at each stage (BackendOptions::sync_stages).
   const bool stage_sync = (world > 1 || es.dense_device >= 0) && r.count("no-stage-sync") == 0;
 
   const std::vector<Request> reqs = make_requests(c, B, P, N, seed);

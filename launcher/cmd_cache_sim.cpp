@@ -9,10 +9,10 @@
 #include <numeric>
 #include <sstream>
 
-#include "coordinator/routing_trace.h"
 #include "launcher/commands.h"
 #include "launcher/options.h"
 #include "model/error.h"
+#include "model/routing_trace.h"
 #include "worker/expert_cache.h"
 
 namespace colibri::cli {

@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "coordinator/placement.h"
-#include "coordinator/routing_trace.h"
 #include "launcher/commands.h"
 #include "launcher/options.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
+#include "model/placement.h"
 #include "model/printable.h"
+#include "model/routing_trace.h"
 
 namespace colibri::cli {
 

@@ -15,10 +15,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
-#include "coordinator/cluster.h"
 #include "coordinator/engine.h"
-#include "coordinator/placement.h"
-#include "coordinator/routing_trace.h"
 #include "kernels/cpu/kernels.h"
 #include "launcher/cluster_setup.h"
 #include "launcher/commands.h"
@@ -28,7 +25,10 @@
 #include "model/error.h"
 #include "model/file_io.h"
 #include "model/npy.h"
+#include "model/placement.h"
+#include "model/routing_trace.h"
 #include "model/text.h"
+#include "worker/protocol.h"
 
 namespace colibri::cli {
 

@@ -11,8 +11,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "coordinator/placement.h"
-#include "coordinator/routing_trace.h"
 #include "coordinator/simulate.h"
 #include "launcher/commands.h"
 #include "launcher/options.h"
@@ -20,7 +18,9 @@
 #include "model/config.h"
 #include "model/error.h"
 #include "model/file_io.h"
+#include "model/placement.h"
 #include "model/printable.h"
+#include "model/routing_trace.h"
 
 namespace colibri::cli {
 
@@ -142,11 +142,11 @@ int cmd_simulate(int argc, char** argv) {
   }
   const int world = cluster.world();
 
-  ModelShape shape;
+  ModelCost shape;
   if (r.count("model")) {
     for (const char* k : {"hidden", "intermediate", "experts", "top-k"})
       if (r.count(k)) throw Error(Status::InvalidArgument, std::string("simulate: give --model or --") + k + ", not both");
-    shape = ModelShape::from_config(load_model_config(r["model"].as<std::string>()));
+    shape = ModelCost::from_config(load_model_config(r["model"].as<std::string>()));
   } else {
     for (const char* k : {"hidden", "intermediate", "experts", "top-k"})
       if (!r.count(k))

@@ -6,10 +6,10 @@
 #include <cstdio>
 #include <numeric>
 
-#include "coordinator/routing_trace.h"
 #include "launcher/commands.h"
 #include "launcher/options.h"
 #include "model/error.h"
+#include "model/routing_trace.h"
 
 namespace colibri::cli {
 

@@ -1,5 +1,6 @@
 // config.cpp: parsing and validation of model hyper-parameters.
 #include "model/config.h"
+#include "model/ffn.h"
 
 #include <algorithm>
 #include <cmath>
@@ -751,6 +752,16 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
     inv[static_cast<size_t>(i)] = interp * (1.0f - extra_factor) + extrap * extra_factor;
   }
   return inv;
+}
+
+FfnShape FfnShape::experts(const ModelConfig& c) {
+  FfnShape s;
+  s.hidden = c.hidden_size;
+  s.inter = c.intermediate_size;
+  s.oai = c.expert_act == "swiglu_oai";
+  s.alpha = static_cast<float>(c.swiglu_alpha);
+  s.limit = static_cast<float>(c.swiglu_limit);
+  return s;
 }
 
 }  // namespace colibri

@@ -1,5 +1,5 @@
 // test_cuda_engine.cpp: the engine with its dense part on a GPU
-// (EngineOptions::device, coordinator/gpu_dense.h) and its experts on the GPU
+// (EngineOptions::device, coordinator/backend_cuda.cpp) and its experts on the GPU
 // or the CPU, against transformers on the stored fixtures, with the bf16
 // tolerances of the CPU engine (test_parity.cpp's Bf16WithinStatedTolerance):
 // the GPU holds the matrices in bf16 as a bf16 file does, and rounds the
@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "coordinator/routing_trace.h"
+#include "model/routing_trace.h"
 #include "tests/fixture.h"
 
 using namespace colibri;

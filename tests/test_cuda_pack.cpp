@@ -19,9 +19,9 @@ namespace {
 using test::expect_error;
 
 TEST(CudaPack, LayoutIsAlignedAndHoldsEveryPart) {
-  FfnSpec s = FfnSpec::silu(40, 24);
+  FfnShape s = FfnShape::silu(40, 24);
   for (bool biases : {false, true}) {
-    const auto l = cuda::PackedFfnLayout::of(cuda::shape_of(s), biases);
+    const auto l = cuda::PackedFfnLayout::of(s, biases);
     for (size_t off : {l.gate_up, l.down, l.gate_bias, l.up_bias, l.down_bias}) EXPECT_EQ(off % 256, 0u);
     EXPECT_GE(l.down, l.gate_up + 2 * 24 * 40 * 2);
     if (biases) {
@@ -43,7 +43,7 @@ TEST(CudaPack, EveryWeightIsItsBf16RoundingInPlace) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> d(0.0f, 1.0f);
   const int64_t H = 48, I = 40;
-  FfnSpec s = FfnSpec::silu(H, I);
+  FfnShape s = FfnShape::silu(H, I);
   std::vector<float> gate(I * H), up(I * H), down(H * I), gb(I), db(H);
   for (auto* v : {&gate, &up, &down, &gb, &db})
     for (auto& x : *v) x = d(rng);
@@ -55,7 +55,7 @@ TEST(CudaPack, EveryWeightIsItsBf16RoundingInPlace) {
     convert_elements(down.data(), DType::F32, d2.data(), dt, down.size());
     FfnWeights w;
     w.dtype = dt, w.gate = g2.data(), w.up = u2.data(), w.down = d2.data(), w.gate_bias = gb.data(), w.down_bias = db.data();
-    const auto l = cuda::PackedFfnLayout::of(cuda::shape_of(s), true);
+    const auto l = cuda::PackedFfnLayout::of(s, true);
     std::vector<char> block(l.bytes, 0x5a);
     cuda::pack_ffn(w, s, l, block.data());
     auto expect_matrix = [&](size_t off, const std::vector<char>& src, size_t n, const char* what) {
@@ -81,11 +81,11 @@ TEST(CudaPack, EveryWeightIsItsBf16RoundingInPlace) {
 }
 
 TEST(CudaPack, RefusesWhatTheGpuFfnCannotTake) {
-  FfnSpec s = FfnSpec::silu(32, 32);
+  FfnShape s = FfnShape::silu(32, 32);
   std::vector<float> m(32 * 32, 1.0f), b(32, 1.0f);
   FfnWeights w;
   w.gate = w.up = w.down = m.data();
-  const auto l = cuda::PackedFfnLayout::of(cuda::shape_of(s), false);
+  const auto l = cuda::PackedFfnLayout::of(s, false);
   std::vector<char> block(l.bytes);
   FfnWeights q = w;
   q.quant = QuantType::Int8;

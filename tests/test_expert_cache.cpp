@@ -14,8 +14,8 @@
 #include <random>
 #include <set>
 
-#include "coordinator/routing_trace.h"
 #include "model/error.h"
+#include "model/routing_trace.h"
 #include "test_util.h"
 #include "worker/expert_cache.h"
 

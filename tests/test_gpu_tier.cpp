@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/placement.h"
 #include "model/converter.h"
 #include "model/error.h"
+#include "model/placement.h"
 #include "model/synth.h"
 #include "tests/test_util.h"
 #include "worker/expert_cache.h"
@@ -452,7 +452,7 @@ TEST(GpuTier, WorkerWithABudgetMatchesTheCpuWorkerAndItsCache) {
     int64_t max_rows = 0;
     const auto layers = random_layers(rng, c, 2, 6, &max_rows);
     const uint64_t packed =
-        cuda::PackedFfnLayout::of(cuda::shape_of(FfnSpec::experts(c)), c.expert_bias).bytes;
+        cuda::PackedFfnLayout::of(FfnShape::experts(c), c.expert_bias).bytes;
     struct Case {
       std::string policy;
       int64_t experts;
@@ -512,7 +512,7 @@ TEST(GpuTier, WorkerByteBudgetCountsPackedExperts) {
   auto file = tiny("mixtral");
   const ModelConfig& c = file->config();
   const Placement pl = Placement::single(static_cast<int>(c.num_moe_layers()), static_cast<int>(c.num_experts));
-  const uint64_t packed = cuda::PackedFfnLayout::of(cuda::shape_of(FfnSpec::experts(c)), c.expert_bias).bytes;
+  const uint64_t packed = cuda::PackedFfnLayout::of(FfnShape::experts(c), c.expert_bias).bytes;
   ExpertStoreOptions o = budget("lfu", 0, 3 * packed + 1);
   o.device = 0;
   Worker w(file, pl, 0, 1, 8, o);

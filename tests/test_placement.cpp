@@ -7,9 +7,9 @@
 #include <fstream>
 #include <random>
 
-#include "coordinator/placement.h"
-#include "coordinator/routing_trace.h"
 #include "model/error.h"
+#include "model/placement.h"
+#include "model/routing_trace.h"
 #include "test_util.h"
 
 namespace colibri {

@@ -20,8 +20,8 @@
 #include "model/dtype.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
-#include "tests/file_edit.h"
 #include "tests/cli_runner.h"
+#include "tests/file_edit.h"
 #include "tests/fixture.h"
 #include "tests/test_util.h"
 #include "worker/expert_ffn.h"
@@ -514,7 +514,7 @@ TEST(QKernels, ExpertFfnUsesTheQuantisedPath) {
           for (int threads : {1, 2, 3}) {
             omp_set_num_threads(threads);
             std::vector<float> y(rows * H, NAN), sg(rows * I), su(rows * I);
-            ffn(w, FfnSpec::silu(H, I), x.data(), rows, y.data(), sg.data(), su.data());
+            ffn(w, FfnShape::silu(H, I), x.data(), rows, y.data(), sg.data(), su.data());
             for (size_t i = 0; i < y.size(); ++i)
               ASSERT_NEAR(y[i], ey[i], 1e-4 * (1 + std::fabs(ey[i]))) << "threads " << threads << " element " << i;
             if (first.empty()) first = y;

@@ -10,8 +10,8 @@
 #include <set>
 #include <tuple>
 
-#include "coordinator/routing_trace.h"
 #include "model/error.h"
+#include "model/routing_trace.h"
 #include "test_util.h"
 
 namespace colibri {

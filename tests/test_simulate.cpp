@@ -6,10 +6,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "coordinator/placement.h"
-#include "coordinator/routing_trace.h"
 #include "coordinator/simulate.h"
 #include "model/error.h"
+#include "model/placement.h"
+#include "model/routing_trace.h"
 #include "tests/cli_runner.h"
 #include "tests/test_util.h"
 
@@ -138,7 +138,7 @@ TEST(Simulate, SampledRoutingIsDeterministicAndDistinct) {
 TEST(Simulate, WholeLayerOnHandComputedShape) {
   // 1 node x 2, E = 2 (one per rank), top-1, uniform by construction? Use stats: all load on expert 1.
   const ClusterSpec c = cluster(1, 2);
-  ModelShape m;
+  ModelCost m;
   m.hidden = 1000, m.intermediate = 1000, m.num_experts = 2, m.top_k = 1, m.num_layers = 1, m.moe_index = {0};
   const Placement p = make_placement("contiguous", 1, 2, 2, true, nullptr, 0);
   ExpertStats st;
@@ -163,7 +163,7 @@ TEST(Simulate, NodeSharedCoresAndBandwidthSlowTheBusyRanks) {
   // 1 node x 3 ranks, 3 experts (one per rank), top-1, uniform: every rank computes at once.
   // Memory-bound alone: 10 rows -> flops 6e7 (6e-5 s at 1 TFLOP/s), one expert's 6e6 bytes (6e-5 s at 100 GB/s).
   nlohmann::json j = nlohmann::json::parse(cluster_text(1, 3));
-  ModelShape m;
+  ModelCost m;
   m.hidden = 1000, m.intermediate = 1000, m.num_experts = 3, m.top_k = 1, m.num_layers = 1, m.moe_index = {0};
   const Placement p = make_placement("contiguous", 1, 3, 3, true, nullptr, 0);
   ExpertStats st;

@@ -12,23 +12,6 @@
 
 namespace colibri {
 
-FfnSpec FfnSpec::experts(const ModelConfig& c) {
-  FfnSpec s;
-  s.hidden = c.hidden_size;
-  s.inter = c.intermediate_size;
-  s.oai = c.expert_act == "swiglu_oai";
-  s.alpha = static_cast<float>(c.swiglu_alpha);
-  s.limit = static_cast<float>(c.swiglu_limit);
-  return s;
-}
-
-FfnSpec FfnSpec::silu(int64_t hidden, int64_t inter) {
-  FfnSpec s;
-  s.hidden = hidden;
-  s.inter = inter;
-  return s;
-}
-
 FfnWeights FfnWeights::of(const ExpertView& e) {
   FfnWeights w;
   w.dtype = e.dtype;
@@ -49,7 +32,7 @@ FfnWeights FfnWeights::of(const ExpertView& e) {
 namespace {
 
 // Biases and activation of columns [c0, c1) of every row: g = act(g + bg, u + bu).
-void activate(const FfnWeights& w, const FfnSpec& s, float* g, float* u, int64_t I, int64_t rows, int64_t c0, int64_t c1) {
+void activate(const FfnWeights& w, const FfnShape& s, float* g, float* u, int64_t I, int64_t rows, int64_t c0, int64_t c1) {
   for (int64_t r = 0; r < rows; ++r) {
     float* gr = g + r * I;
     float* ur = u + r * I;
@@ -75,7 +58,7 @@ void activate(const FfnWeights& w, const FfnSpec& s, float* g, float* u, int64_t
 // slice activated and re-quantised at once for down; then down. NOTE: threads split outputs (and blocks of the
 // quantisation), never a sum, so the result is the same for any thread count,
 // and every row's values are those it gets alone.
-void ffn_quantized(const FfnWeights& w, const FfnSpec& s, const float* x, int64_t rows, float* y, float* g, float* u) {
+void ffn_quantized(const FfnWeights& w, const FfnShape& s, const float* x, int64_t rows, float* y, float* g, float* u) {
   const int64_t H = s.hidden, I = s.inter, unit = quant_unit(w.quant_group);
   const qkernels::QKernelTable& k = qkernels::active();
   // NOTE: the buffers belong to the calling thread (thread_local there), so the
@@ -131,7 +114,7 @@ void ffn_quantized(const FfnWeights& w, const FfnSpec& s, const float* x, int64_
 
 }  // namespace
 
-void ffn(const FfnWeights& w, const FfnSpec& s, const float* x, int64_t rows, float* y, float* g, float* u) {
+void ffn(const FfnWeights& w, const FfnShape& s, const float* x, int64_t rows, float* y, float* g, float* u) {
   if (w.quant != QuantType::None) {
     ffn_quantized(w, s, x, rows, y, g, u);
     return;

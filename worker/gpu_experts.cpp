@@ -186,7 +186,7 @@ constexpr int kStagingBuffers = 3;  // the staging ring: a buffer is repacked on
 
 class CudaExperts final : public GpuExperts {
  public:
-  CudaExperts(std::shared_ptr<const ColibriFile> file, const FfnSpec& spec, const ExpertStoreOptions& opts,
+  CudaExperts(std::shared_ptr<const ColibriFile> file, const FfnShape& spec, const ExpertStoreOptions& opts,
               const std::vector<uint64_t>& owned, int64_t max_rows, int rank)
       : file_(std::move(file)), spec_(spec), device_(opts.device), rank_(rank), experts_(file_->config().num_experts) {
     const std::string tier_request = gpu_host_tier_request(opts);
@@ -196,7 +196,7 @@ class CudaExperts final : public GpuExperts {
       const FfnWeights w = FfnWeights::of(v);
       biases = biases || w.gate_bias || w.up_bias || w.down_bias;
     }
-    layout_ = cuda::PackedFfnLayout::of(cuda::shape_of(spec_), biases);
+    layout_ = cuda::PackedFfnLayout::of(spec_, biases);
     const uint64_t keys = file_->experts().size();
     planner_ = std::make_unique<GpuTierPlanner>(opts, layout_.bytes, owned, keys, static_cast<uint32_t>(experts_));
     verified_.assign(keys, 0);
@@ -255,7 +255,7 @@ class CudaExperts final : public GpuExperts {
     out_ = cuda::DeviceBuffer(R * H * 4);
     xg_ = cuda::DeviceBuffer(R * H * 4);
     yg_ = cuda::DeviceBuffer(R * H * 4);
-    runner_ = std::make_unique<cuda::FfnRunner>(cuda::shape_of(spec_), max_rows, compute_->get());
+    runner_ = std::make_unique<cuda::FfnRunner>(spec_, max_rows, compute_->get());
     loaded_.resize(slots);
     used_.resize(slots);
     if (pinned_tier_) {
@@ -411,7 +411,7 @@ class CudaExperts final : public GpuExperts {
   }
 
   std::shared_ptr<const ColibriFile> file_;
-  FfnSpec spec_;
+  FfnShape spec_;
   int device_, rank_;
   int64_t experts_;
   cuda::PackedFfnLayout layout_;
@@ -452,7 +452,7 @@ void require_gpu(int device, int rank) {
 #endif
 }
 
-std::unique_ptr<GpuExperts> make_gpu_experts(std::shared_ptr<const ColibriFile> file, const FfnSpec& spec,
+std::unique_ptr<GpuExperts> make_gpu_experts(std::shared_ptr<const ColibriFile> file, const FfnShape& spec,
                                              const ExpertStoreOptions& opts, const std::vector<uint64_t>& owned,
                                              int64_t max_rows, int rank) {
   require_gpu(opts.device, rank);

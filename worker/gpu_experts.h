@@ -157,7 +157,7 @@ void require_gpu(int device, int rank);
 // Error(Unsupported) without CUDA or without a GPU, Error(InvalidArgument) for a
 // GPU that does not exist or a bad budget, Error(OutOfMemory) when the slots do
 // not fit (or a pinned host tier asked for cannot be allocated).
-std::unique_ptr<GpuExperts> make_gpu_experts(std::shared_ptr<const ColibriFile> file, const FfnSpec& spec,
+std::unique_ptr<GpuExperts> make_gpu_experts(std::shared_ptr<const ColibriFile> file, const FfnShape& spec,
                                              const ExpertStoreOptions& opts, const std::vector<uint64_t>& owned,
                                              int64_t max_rows, int rank);
 

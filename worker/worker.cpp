@@ -39,7 +39,7 @@ Worker::Worker(std::shared_ptr<const ColibriFile> file, const Placement& placeme
       inter_(file_->config().intermediate_size),
       experts_(file_->config().num_experts),
       max_rows_(max_rows),
-      spec_(FfnSpec::experts(file_->config())),
+      spec_(FfnShape::experts(file_->config())),
       store_(file_, cpu_store_options(store), owned_keys(placement, rank)) {
   batch_keys_.reserve(static_cast<size_t>(experts_));
   seg_begin_.resize(static_cast<size_t>(world));

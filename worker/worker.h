@@ -6,8 +6,8 @@
 #include <memory>
 #include <vector>
 
-#include "coordinator/placement.h"
 #include "model/colibri_file.h"
+#include "model/placement.h"
 #include "worker/expert_ffn.h"
 #include "worker/expert_store.h"
 #include "worker/gpu_experts.h"
@@ -41,7 +41,7 @@ class Worker {
   const Placement& placement_;
   int rank_, world_;
   int64_t hidden_, inter_, experts_, max_rows_;
-  FfnSpec spec_;
+  FfnShape spec_;
   uint64_t tick_ = 0;  // the cache's logical clock: one tick per layer served
   ExpertStore store_;
   std::unique_ptr<GpuExperts> gpu_;                    // with ExpertStoreOptions::device >= 0

@@ -53,7 +53,7 @@ void kv_store(const float* src, int64_t lds, int64_t rows, int64_t width, float*
 // sequence's cache (start = max(0, pos - window + 1) with a window, else 0):
 //   out = sum_t softmax_t(scale * q . k_t) v_t
 // with a non-null sinks[head] joining the softmax denominator only (gpt-oss).
-// CPU: KernelTable::attend (grouped-query) and Engine::attention_mla (latent:
+// CPU: KernelTable::attend (grouped-query) and the CPU backend's latent attention (coordinator/backend_cpu.cpp;
 // q is [absorbed query | rotary query], k the cached [latent | rotary key], v
 // the latent itself: k with v_offset 0, dv = kv_lora_rank, group = heads).
 // The cache rows of the layer must already hold every position attended to
@@ -118,7 +118,7 @@ void permute_plan(const int32_t* experts, int64_t rows, int64_t k, int64_t num_e
 void permute_rows(const float* x, int64_t ldx, const int32_t* order, int64_t rows, int64_t k, int64_t hidden,
                   float* xp, void* stream);
 // y[r][i] (+)= sum_{slot < k} weights[r][slot] * yp[inverse[r * k + slot]][i], slots in
-// order (coordinator/dispatch.cpp's combine order); accumulate: add to y, else overwrite.
+// order (worker/dispatch.cpp's combine order); accumulate: add to y, else overwrite.
 void unpermute_combine(const float* yp, const int32_t* inverse, const float* weights, int64_t rows, int64_t k,
                        int64_t hidden, float* y, bool accumulate, void* stream);
 

@@ -13,15 +13,11 @@
 #include <cstdint>
 #include <memory>
 
+#include "model/ffn.h"
+
 namespace colibri::cuda {
 
-// The FFN's shape and activation (worker/expert_ffn.h's FfnSpec without the
-// model headers, so that nvcc compiles this as C++17).
-struct FfnShape {
-  int64_t hidden = 0, inter = 0;
-  bool oai = false;  // gpt-oss clamped SwiGLU
-  float alpha = 1.702f, limit = 7.0f;
-};
+using colibri::FfnShape;  // model/ffn.h
 
 // The device layout of one FFN, packed in one block (each part 256-byte aligned):
 //   [gate; up]  bf16 [2 * inter][hidden]

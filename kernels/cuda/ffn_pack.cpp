@@ -6,13 +6,7 @@
 
 namespace colibri::cuda {
 
-FfnShape shape_of(const FfnSpec& s) {
-  FfnShape r;
-  r.hidden = s.hidden, r.inter = s.inter, r.oai = s.oai, r.alpha = s.alpha, r.limit = s.limit;
-  return r;
-}
-
-void pack_ffn(const FfnWeights& w, const FfnSpec& s, const PackedFfnLayout& l, void* dst) {
+void pack_ffn(const FfnWeights& w, const FfnShape& s, const PackedFfnLayout& l, void* dst) {
   if (w.quant != QuantType::None)
     throw Error(Status::Unsupported, "the CUDA expert FFN takes f32, f16 or bf16 weights, not quantised ones");
   if (!w.gate || !w.up || !w.down) throw Error(Status::InvalidArgument, "pack_ffn: a weight matrix is missing");

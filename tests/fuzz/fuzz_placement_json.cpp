@@ -3,8 +3,8 @@
 // queries, and survive to_json() -> from_json() unchanged.
 #include <string>
 
-#include "coordinator/placement.h"
 #include "fuzz_support.h"
+#include "model/placement.h"
 
 using namespace colibri;
 using fuzz::expect_only_colibri_errors;

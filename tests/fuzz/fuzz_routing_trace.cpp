@@ -5,9 +5,9 @@
 // do with it (aggregate_stats, make_placement, predicted_balancedness).
 #include <string>
 
-#include "coordinator/placement.h"
-#include "coordinator/routing_trace.h"
 #include "fuzz_support.h"
+#include "model/placement.h"
+#include "model/routing_trace.h"
 
 using namespace colibri;
 using fuzz::expect_only_colibri_errors;

@@ -1,6 +1,6 @@
 // fuzz_support.cpp: the shared pieces of the fuzz targets (see fuzz_support.h),
 // and the C API's status string, which model/dtype.cpp needs and which would
-// otherwise pull the whole engine (launcher/capi.cpp) into every fuzzer.
+// otherwise pull the whole engine (launcher/capi/capi.cpp) into every fuzzer.
 #include "fuzz_support.h"
 
 #include <cxxabi.h>

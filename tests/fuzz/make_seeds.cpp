@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/placement.h"
-#include "coordinator/routing_trace.h"
 #include "model/colibri_file.h"
 #include "model/config.h"
 #include "model/error.h"
+#include "model/placement.h"
+#include "model/routing_trace.h"
 #include "model/safetensors.h"
 
 using namespace colibri;

@@ -10,7 +10,7 @@
 
 namespace colibri {
 
-struct ExpertStats;  // coordinator/routing_trace.h
+struct ExpertStats;  // model/routing_trace.h
 
 class Placement {
  public:

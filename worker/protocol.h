@@ -1,6 +1,6 @@
-// cluster.h: the control protocol between the coordinator (rank 0) and the
-// worker ranks, and the workers' serve loop. Data moves in MoeDispatcher's
-// exchanges; these small messages say what comes next.
+// protocol.h: the control protocol between the coordinator (rank 0) and the
+// worker ranks (the workers' serve loop is worker/serve.h). Data moves in
+// MoeDispatcher's exchanges; these small messages say what comes next.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "coordinator/placement.h"
-#include "coordinator/stage_clock.h"
 #include "model/colibri_file.h"
+#include "model/placement.h"
+#include "model/stage_clock.h"
 #include "worker/expert_store.h"
 
 namespace colibri {
@@ -27,6 +27,13 @@ struct Setup {
   int64_t rows_cap = 0;        // most tokens per forward pass (sizes the buffers)
   uint64_t model_checksum = 0; // meta checksum of the model file: all ranks must agree
   int32_t stage_sync = 0;      // MoeDispatcher::set_stage_sync on every rank
+};
+
+// The message rank 0 broadcasts before each step (send_op, send_setup).
+struct Message {
+  int32_t op = 0;
+  int32_t phase = 0;  // Forward: Phase
+  Setup setup;
 };
 
 // One rank's figures, gathered on rank 0 at the end.
@@ -64,17 +71,6 @@ double cpu_seconds();  // user + system CPU time of this process
 // naming the rank, so that it ends the run keeping what was generated. A
 // collective: a gather of one word per rank.
 void end_pass(Communicator& comm, const ColibriFile& file);
-
-struct WorkerOptions {
-  ExpertStoreOptions store;
-  std::string fault;  // testing aid: "kill:N" / "kill:start": SIGKILL at forward pass N / before setup;
-                      // "stall:N": stop answering (sleep for ever) at forward pass N
-};
-
-// A worker rank's life: receive Setup, then serve forward passes until Stop.
-// Returns normally on Stop; throws on errors (the caller aborts the job).
-void serve(std::shared_ptr<const ColibriFile> file, std::shared_ptr<const Placement> placement, Communicator& comm,
-           const WorkerOptions& opts);
 
 // Checks that a placement fits the model and the world (ranks in range).
 void check_placement(const Placement& p, const ModelConfig& c, int world);

@@ -1,6 +1,6 @@
 // placement.cpp: expert-to-rank maps: the placement file, its validation, the
 // policy builders and predicted balancedness.
-#include "coordinator/placement.h"
+#include "model/placement.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -12,10 +12,10 @@
 #include <numeric>
 #include <sstream>
 
-#include "coordinator/routing_trace.h"
 #include "model/error.h"
 #include "model/file_io.h"
 #include "model/json_util.h"
+#include "model/routing_trace.h"
 
 namespace colibri {
 

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "coordinator/placement.h"
-#include "coordinator/stage_clock.h"
 #include "model/config.h"
+#include "model/placement.h"
+#include "model/stage_clock.h"
 
 namespace colibri {
 

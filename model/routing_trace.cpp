@@ -1,6 +1,6 @@
 // routing_trace.cpp: the routing-trace writer, the reader (our JSONL format and
 // the Mixtral import format, auto-detected) and expert-load statistics.
-#include "coordinator/routing_trace.h"
+#include "model/routing_trace.h"
 
 #include <spdlog/spdlog.h>
 
@@ -21,8 +21,8 @@
 
 #include "model/config.h"
 #include "model/error.h"
-#include "model/json_util.h"
 #include "model/file_io.h"
+#include "model/json_util.h"
 
 namespace colibri {
 

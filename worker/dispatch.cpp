@@ -1,5 +1,5 @@
 // dispatch.cpp: dispatch plan, all-to-all exchange and ordered combine.
-#include "coordinator/dispatch.h"
+#include "worker/dispatch.h"
 
 #include <algorithm>
 #include <cmath>
