@@ -136,6 +136,18 @@ inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x
 #endif
 namespace emu {
 
+// Inside the emulated CUDA runtime (an API call, a launch, queued work running):
+// the allocation-counting tests (tests/test_alloc.cpp) count only the engine's
+// own allocations, as the real runtime's are not on the engine's heap.
+inline thread_local int runtime_depth = 0;
+struct RuntimeScope {
+  RuntimeScope() { ++runtime_depth; }
+  ~RuntimeScope() { --runtime_depth; }
+  RuntimeScope(const RuntimeScope&) = delete;
+  RuntimeScope& operator=(const RuntimeScope&) = delete;
+};
+
+
 [[noreturn]] inline void fail(const char* what) {
   std::fprintf(stderr, "CUDA EMULATOR: %s (block %u, thread %u)\n", what, blockIdx.x, threadIdx.x);
   std::fflush(stderr);

@@ -125,25 +125,30 @@ inline const char* cublasLtGetStatusString(cublasStatus_t s) {
 }
 
 inline cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
+  emu::RuntimeScope emu_runtime_scope_;
   *h = new cublasLtContext;
   return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   delete h;
   return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute,
                                                cudaDataType_t scale) {
+  emu::RuntimeScope emu_runtime_scope_;
   *d = new cublasLtMatmulDescOpaque_t{compute, scale};
   return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  emu::RuntimeScope emu_runtime_scope_;
   delete d;
   return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a,
                                                      const void* buf, size_t bytes) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!d || !buf) return CUBLAS_STATUS_INVALID_VALUE;
   int32_t v;
   if (bytes != sizeof v) return CUBLAS_STATUS_INVALID_VALUE;  // all of these are 32-bit
@@ -161,12 +166,14 @@ inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cub
 }
 inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType_t type, uint64_t rows,
                                                  uint64_t cols, int64_t ld) {
+  emu::RuntimeScope emu_runtime_scope_;
   *l = new cublasLtMatrixLayoutOpaque_t{type, rows, cols, ld};
   return CUBLAS_STATUS_SUCCESS;
 }
 // Only the batch attributes (int32 count, int64 stride), with cuBLASLt's size checks.
 inline cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
                                                        const void* buf, size_t size) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!l || !buf) return CUBLAS_STATUS_INVALID_VALUE;
   if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) {
     if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
@@ -181,20 +188,24 @@ inline cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l,
   return CUBLAS_STATUS_NOT_SUPPORTED;  // not emulated
 }
 inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  emu::RuntimeScope emu_runtime_scope_;
   delete l;
   return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
+  emu::RuntimeScope emu_runtime_scope_;
   *p = new cublasLtMatmulPreferenceOpaque_t;
   return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  emu::RuntimeScope emu_runtime_scope_;
   delete p;
   return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
                                                            cublasLtMatmulPreferenceAttributes_t a, const void* buf,
                                                            size_t bytes) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!p || !buf) return CUBLAS_STATUS_INVALID_VALUE;
   if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
     if (bytes != sizeof(uint64_t)) return CUBLAS_STATUS_INVALID_VALUE;
@@ -251,6 +262,7 @@ inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasL
                                                      cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
                                                      cublasLtMatmulPreference_t pref, int requested,
                                                      cublasLtMatmulHeuristicResult_t* results, int* found) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!op || !a || !b || !c || !d || !pref || requested < 1 || !results || !found) return CUBLAS_STATUS_INVALID_VALUE;
   *found = 0;
@@ -273,6 +285,7 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op
                                      const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
                                      cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void* workspace,
                                      size_t workspace_bytes, cudaStream_t stream) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!op || !alpha || !beta || !Adesc || !Bdesc || !Cdesc || !Ddesc) return CUBLAS_STATUS_INVALID_VALUE;
   if (!emu::valid_stream(stream)) return CUBLAS_STATUS_EXECUTION_FAILED;

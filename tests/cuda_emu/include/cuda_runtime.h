@@ -90,6 +90,7 @@ inline Runtime rt;
 inline thread_local cudaError_t last_error = cudaSuccess;
 
 inline cudaError_t err(cudaError_t e) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (e != cudaSuccess) last_error = e;
   return e;
 }
@@ -231,6 +232,7 @@ inline void run_all() {
 // arguments are evaluated once, here, and every thread gets its own copy.
 template <class... P, class... A>
 void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*kernel)(P...), A&&... args) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!valid_stream(stream)) {
     err(cudaErrorInvalidResourceHandle);
     return;
@@ -251,6 +253,7 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*kern
 
 // ---- errors ------------------------------------------------------------------------
 inline cudaError_t cudaGetLastError() {
+  emu::RuntimeScope emu_runtime_scope_;
   const cudaError_t e = emu::last_error;
   emu::last_error = cudaSuccess;
   return e;
@@ -293,19 +296,23 @@ inline const char* cudaGetErrorString(cudaError_t e) {
 
 // ---- devices -----------------------------------------------------------------------
 inline cudaError_t cudaGetDeviceCount(int* n) {
+  emu::RuntimeScope emu_runtime_scope_;
   *n = 1;
   return cudaSuccess;
 }
 inline cudaError_t cudaSetDevice(int d) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (d != 0) return emu::err(cudaErrorInvalidDevice);
   emu::rt.current = d;
   return cudaSuccess;
 }
 inline cudaError_t cudaGetDevice(int* d) {
+  emu::RuntimeScope emu_runtime_scope_;
   *d = emu::rt.current;
   return cudaSuccess;
 }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (d != 0) return emu::err(cudaErrorInvalidDevice);
   *p = cudaDeviceProp{};
   std::snprintf(p->name, sizeof p->name, "CPU emulator (tests/cuda_emu)");
@@ -315,10 +322,12 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() {
+  emu::RuntimeScope emu_runtime_scope_;
   emu::run_all();
   return cudaSuccess;
 }
 inline cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
+  emu::RuntimeScope emu_runtime_scope_;
   std::lock_guard<std::mutex> lock(emu::rt.mu);
   *free_b = emu::kDeviceBytes - emu::rt.used;
   *total_b = emu::kDeviceBytes;
@@ -327,6 +336,7 @@ inline cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
 
 // ---- memory ------------------------------------------------------------------------
 inline cudaError_t cudaMalloc(void** p, size_t bytes) {
+  emu::RuntimeScope emu_runtime_scope_;
   *p = nullptr;
   {
     std::lock_guard<std::mutex> lock(emu::rt.mu);
@@ -345,9 +355,11 @@ inline cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 template <class T>
 cudaError_t cudaMalloc(T** p, size_t bytes) {
+  emu::RuntimeScope emu_runtime_scope_;
   return cudaMalloc(reinterpret_cast<void**>(p), bytes);
 }
 inline cudaError_t cudaFree(void* p) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!p) return cudaSuccess;
   emu::run_all();  // cudaFree synchronises the device
   {
@@ -361,6 +373,7 @@ inline cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 inline cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned = 0) {
+  emu::RuntimeScope emu_runtime_scope_;
   *p = std::malloc(bytes ? bytes : 1);
   if (!*p) return emu::err(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(emu::rt.mu);
@@ -369,6 +382,7 @@ inline cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned = 0) {
 }
 inline cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, bytes); }
 inline cudaError_t cudaFreeHost(void* p) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!p) return cudaSuccess;
   emu::run_all();  // as cudaFree
   {
@@ -405,6 +419,7 @@ inline bool check_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
 
 // Synchronous: after the legacy stream's work, done when it returns.
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!n) return cudaSuccess;
   if (!emu::check_copy(dst, src, n, kind)) return emu::err(cudaErrorInvalidMemcpyDirection);
   emu::run_stream(nullptr);
@@ -413,6 +428,7 @@ inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKi
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
                                    cudaStream_t s = nullptr) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!emu::valid_stream(s)) return emu::err(cudaErrorInvalidResourceHandle);
   if (!n) return cudaSuccess;
   if (!emu::check_copy(dst, src, n, kind)) return emu::err(cudaErrorInvalidMemcpyDirection);
@@ -432,12 +448,14 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMem
   return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s = nullptr) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!emu::valid_stream(s)) return emu::err(cudaErrorInvalidResourceHandle);
   emu::require_device(p, n, "cudaMemset");
   emu::enqueue(s, [=] { std::memset(p, v, n); });
   return cudaSuccess;
 }
 inline cudaError_t cudaMemset(void* p, int v, size_t n) {
+  emu::RuntimeScope emu_runtime_scope_;
   const cudaError_t e = cudaMemsetAsync(p, v, n, nullptr);
   emu::run_stream(nullptr);
   return e;
@@ -445,6 +463,7 @@ inline cudaError_t cudaMemset(void* p, int v, size_t n) {
 
 // ---- streams and events (all work is already done when it is queued) ----------------
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+  emu::RuntimeScope emu_runtime_scope_;
   *s = reinterpret_cast<cudaStream_t>(new char(0));
   std::lock_guard<std::mutex> lock(emu::rt.mu);
   emu::rt.streams.insert(*s);
@@ -452,6 +471,7 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
 }
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (emu::valid_stream(s) && s) {
     std::lock_guard<std::recursive_mutex> lock(emu::queues.mu);
     emu::run_stream(s);  // (its work completes after the destruction on a GPU)
@@ -465,6 +485,7 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!emu::valid_stream(s)) return emu::err(cudaErrorInvalidResourceHandle);
   if (emu::refuse_if_capturing(s)) return emu::err(cudaErrorStreamCaptureUnsupported);
   emu::run_stream(s);
@@ -472,6 +493,7 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 }
 inline cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
+  emu::RuntimeScope emu_runtime_scope_;
   *e = reinterpret_cast<cudaEvent_t>(new char(0));
   std::lock_guard<std::mutex> lock(emu::rt.mu);
   emu::rt.events.insert(*e);
@@ -480,6 +502,7 @@ inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
 }
 inline cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  emu::RuntimeScope emu_runtime_scope_;
   {
     std::lock_guard<std::mutex> lock(emu::rt.mu);
     if (!e || !emu::rt.events.erase(e)) return emu::err(cudaErrorInvalidResourceHandle);
@@ -493,6 +516,7 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!emu::valid_event(e) || !emu::valid_stream(s)) return emu::err(cudaErrorInvalidResourceHandle);
   // (CUDA captures it as an internal node the host cannot wait for: not emulated.)
   if (emu::refuse_if_capturing(s)) return emu::err(cudaErrorStreamCaptureUnsupported);
@@ -501,6 +525,7 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
   return cudaSuccess;
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!emu::valid_event(e)) return emu::err(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lock(emu::queues.mu);
   auto it = emu::queues.marks.find(e);
@@ -512,6 +537,7 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 }
 inline cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned = 0) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!emu::valid_event(e) || !emu::valid_stream(s)) return emu::err(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lock(emu::queues.mu);
   auto it = emu::queues.marks.find(e);
@@ -522,6 +548,7 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned =
   return cudaSuccess;
 }
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!emu::valid_event(a) || !emu::valid_event(b)) return emu::err(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> lock(emu::rt.mu);
   if ((emu::rt.event_flags[a] | emu::rt.event_flags[b]) & cudaEventDisableTiming)
@@ -540,6 +567,7 @@ struct CUgraphExec_st {
 typedef CUgraph_st* cudaGraph_t;
 typedef CUgraphExec_st* cudaGraphExec_t;
 inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!emu::valid_stream(s) || !s) return emu::err(cudaErrorInvalidResourceHandle);  // (not the legacy stream)
   std::lock_guard<std::recursive_mutex> lock(emu::queues.mu);
   if (emu::queues.capturing.count(s)) return emu::err(cudaErrorStreamCaptureUnsupported);
@@ -547,6 +575,7 @@ inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode)
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!emu::valid_stream(s)) return emu::err(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lock(emu::queues.mu);
   auto it = emu::queues.capturing.find(s);
@@ -559,20 +588,24 @@ inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) {
   return cudaSuccess;
 }
 inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned long long = 0) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!g) return emu::err(cudaErrorInvalidValue);
   *e = new CUgraphExec_st{g->ops};
   return cudaSuccess;
 }
 inline cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+  emu::RuntimeScope emu_runtime_scope_;
   if (!e || !emu::valid_stream(s)) return emu::err(cudaErrorInvalidResourceHandle);
   for (const auto& op : e->ops) emu::enqueue(s, op);
   return cudaSuccess;
 }
 inline cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  emu::RuntimeScope emu_runtime_scope_;
   delete g;
   return cudaSuccess;
 }
 inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+  emu::RuntimeScope emu_runtime_scope_;
   delete e;
   return cudaSuccess;
 }

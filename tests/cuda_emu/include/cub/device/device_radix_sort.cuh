@@ -17,6 +17,7 @@ struct DeviceRadixSort {
   static cudaError_t SortPairs(void* temp, size_t& bytes, const K* keys_in, K* keys_out, const V* values_in,
                                V* values_out, N n, int begin_bit = 0, int end_bit = sizeof(K) * 8,
                                cudaStream_t stream = nullptr, bool = false) {
+    emu::RuntimeScope emu_runtime_scope_;
     if (!temp) {
       bytes = temp_bytes(n);
       return cudaSuccess;
