@@ -35,14 +35,21 @@ std::vector<uint64_t> hottest_keys(const ExpertStats& st, size_t limit) {
 
 }  // namespace
 
-void add_cluster_options(cxxopts::Options& o) {
-  o.add_options("experts")("placement", "Placement JSON (which ranks own which experts)", cxxopts::value<std::string>())(
-      "policy", "Without --placement: contiguous, round_robin, balanced or replicated",
+void add_cluster_options(cxxopts::Options& o, bool one_process) {
+  // colibri generate: the options it refuses (refuse_cluster_only_options) say so.
+  // NOTE: at the start of the description, where --help keeps it on the option's line.
+  const std::string run_only = one_process ? "[colibri run only: generate refuses it] " : "";
+  o.add_options("experts")("placement", run_only + "Placement JSON (which ranks own which experts)",
+                           cxxopts::value<std::string>())(
+      "policy", run_only + "Without --placement: contiguous, round_robin, balanced or replicated",
       cxxopts::value<std::string>()->default_value("contiguous"))(
-      "stats", "Expert-load STATS.json for the balanced/replicated policies and the pinned cache",
+      "stats",
+      std::string(one_process ? "[generate: with --cache-policy pinned only] " : "") +
+          "Expert-load STATS.json for the balanced/replicated policies and the pinned cache",
       cxxopts::value<std::string>())(
-      "redundant", "Replicated policy: extra replicas per layer, 0..65536", cxxopts::value<int>()->default_value("0"))(
-      "coordinator-experts", "Rank 0 hosts experts too (always so with one rank)")(
+      "redundant", run_only + "Replicated policy: extra replicas per layer, 0..65536",
+      cxxopts::value<int>()->default_value("0"))(
+      "coordinator-experts", run_only + "Rank 0 hosts experts too (always so with one rank)")(
       "expert-cache-bytes", "Fast-tier budget per rank in bytes (K/M/G suffix); 0 = no fast tier",
       cxxopts::value<std::string>()->default_value("0"))(
       "expert-cache-experts", "Fast-tier budget per rank in experts, 0..2^24", cxxopts::value<int64_t>()->default_value("0"))(
@@ -52,16 +59,46 @@ void add_cluster_options(cxxopts::Options& o) {
       "Replace the router's choices with a recorded trace's (the model's top-k, no more experts than it has, "
       "at least its MoE layers; e.g. ../shared/traces/mixtral-8x7b/*.jsonl), each layer's rows in order",
       cxxopts::value<std::string>());
-  o.add_options("cluster")("comm", "Communicator: auto (mpi under mpirun/srun, else local), local, mpi, nccl",
-                           cxxopts::value<std::string>()->default_value("auto"))(
+  o.add_options("cluster")(
+      "comm",
+      std::string(one_process ? "[generate: local only] " : "") +
+          "Communicator: auto (mpi under mpirun/srun, else local), local, mpi, nccl",
+      cxxopts::value<std::string>()->default_value("auto"))(
       "device", "Where every rank computes: cpu, or cuda (the coordinator's dense part and the experts on the "
       "rank's GPU; docs/cuda.md)", cxxopts::value<std::string>()->default_value("cpu"))(
       "coordinator-device", "Where rank 0's dense part runs when it differs from --device: cpu or cuda",
       cxxopts::value<std::string>()->default_value("same"))(
       "gpu", "GPU of this rank (NCCL backend, --device cuda), -1..1023; -1 = the local rank", cxxopts::value<int>()->default_value("-1"))(
-      "comm-timeout", "Seconds a rank waits for a peer before failing, 0.1..86400", cxxopts::value<double>()->default_value("120"))(
+      "comm-timeout", run_only + "Seconds a rank waits for a peer before failing, 0.1..86400",
+      cxxopts::value<double>()->default_value("120"))(
       "inject-fault", "Testing aid: RANK:kill:N kills a worker at its N-th forward pass, rank 0 at its N-th token; RANK:kill:start at "
       "start-up; RANK:stall:N makes a worker stop answering (sleep) at its N-th forward pass", cxxopts::value<std::string>());
+}
+
+void refuse_cluster_only_options(const cxxopts::ParseResult& r) {
+  auto refuse = [](const std::string& option, const std::string& why) {
+    throw Error(Status::InvalidArgument,
+                option + " is a cluster option (" + why + "), and colibri generate runs in one process, which would "
+                "ignore it: use colibri run (under mpirun/srun, or colibri launch -n N -- run ...)");
+  };
+  // Started as one of several ranks: each would generate alone, the same tokens N times.
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
+    if (const char* s = std::getenv(v); s && std::atoi(s) > 1)
+      throw Error(Status::InvalidArgument, std::string("colibri generate was started as one of ") + s +
+                                               " ranks (" + v + "), and it runs in one process: every rank would "
+                                               "generate alone; use colibri run under mpirun/srun for a cluster");
+  // NOTE: count() is 0 for an option left at its default.
+  if (r.count("placement")) refuse("--placement", "which ranks own which experts; one process owns them all");
+  if (r.count("policy")) refuse("--policy", "how experts are placed on ranks; one process owns them all");
+  if (r.count("redundant")) refuse("--redundant", "extra replicas of experts on other ranks");
+  if (r.count("coordinator-experts")) refuse("--coordinator-experts", "rank 0 hosts experts too; one process always does");
+  if (r.count("stats") && r["cache-policy"].as<std::string>() != "pinned")
+    refuse("--stats", "expert loads for the balanced and replicated placements; in one process only "
+                      "--cache-policy pinned reads it");
+  if (r.count("comm") && r["comm"].as<std::string>() != "local")
+    refuse("--comm " + r["comm"].as<std::string>(), "the communicator between ranks; generate always uses the "
+                                                    "in-process one, --comm local");
+  if (r.count("comm-timeout")) refuse("--comm-timeout", "how long a rank waits for a peer; one process has none");
 }
 
 void ClusterRuntime::finish() {

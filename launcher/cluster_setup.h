@@ -22,8 +22,18 @@ namespace colibri::cli {
 // The "experts" group (--placement, --policy, --stats, --redundant,
 // --coordinator-experts, --expert-cache-bytes, --expert-cache-experts,
 // --cache-policy, --cache-decay) and the "cluster" group (--comm, --gpu,
-// --comm-timeout, --inject-fault).
-void add_cluster_options(cxxopts::Options& o);
+// --comm-timeout, --inject-fault). `one_process` (colibri generate): the help
+// marks the options refuse_cluster_only_options() refuses.
+void add_cluster_options(cxxopts::Options& o, bool one_process = false);
+
+// colibri generate runs in one process (the in-process communicator, every
+// expert on rank 0), where the options that only shape a cluster would be
+// silently ignored: --placement, --policy, --redundant, --coordinator-experts,
+// --stats (unless --cache-policy pinned reads it), --comm other than local,
+// --comm-timeout, and being started as one of several ranks by mpirun/srun.
+// Throws Error(InvalidArgument) naming the first such option and pointing to
+// colibri run; call it before any work.
+void refuse_cluster_only_options(const cxxopts::ParseResult& r);
 
 struct ClusterRuntime {
   std::string comm_kind;  // local, mpi or nccl

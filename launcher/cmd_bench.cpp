@@ -2,7 +2,11 @@
 // (prefill and decode tokens/s, weight bytes read per decode token and the
 // bandwidth that implies), a STREAM-style memory bandwidth measurement, and the
 // f32 FMA peak of the CPU. See docs/benchmarks.md.
+#if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 #include <omp.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
@@ -1086,6 +1090,7 @@ int bench_memory(const cxxopts::ParseResult& r) {
 
 constexpr int kChains = 12;
 
+#if defined(__x86_64__)
 __attribute__((target("avx2,fma"))) float fma_avx2(int64_t iters, float m, float add) {
   const __m256 vm = _mm256_set1_ps(m), va = _mm256_set1_ps(add);
   __m256 acc[kChains];
@@ -1139,6 +1144,31 @@ __attribute__((target("avx512f"))) float fma_avx512(int64_t iters, float m, floa
   for (float v : out) t += v;
   return t;
 }
+#elif defined(__aarch64__)
+// Advanced SIMD (NEON) is part of the aarch64 base ISA: 4 f32 lanes, FMLA.
+float fma_neon(int64_t iters, float m, float add) {
+  const float32x4_t vm = vdupq_n_f32(m), va = vdupq_n_f32(add);
+  float32x4_t acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = vdupq_n_f32(0.01f * static_cast<float>(i + 1));
+  for (int64_t it = 0; it < iters; ++it) {
+    acc[0] = vfmaq_f32(va, acc[0], vm);
+    acc[1] = vfmaq_f32(va, acc[1], vm);
+    acc[2] = vfmaq_f32(va, acc[2], vm);
+    acc[3] = vfmaq_f32(va, acc[3], vm);
+    acc[4] = vfmaq_f32(va, acc[4], vm);
+    acc[5] = vfmaq_f32(va, acc[5], vm);
+    acc[6] = vfmaq_f32(va, acc[6], vm);
+    acc[7] = vfmaq_f32(va, acc[7], vm);
+    acc[8] = vfmaq_f32(va, acc[8], vm);
+    acc[9] = vfmaq_f32(va, acc[9], vm);
+    acc[10] = vfmaq_f32(va, acc[10], vm);
+    acc[11] = vfmaq_f32(va, acc[11], vm);
+  }
+  float32x4_t s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = vaddq_f32(s, acc[i]);
+  return vaddvq_f32(s);
+}
+#endif
 
 volatile float g_fsink;
 volatile float g_mul = 0.999999f, g_add = 1e-6f;  // read at run time: nothing to fold
@@ -1155,11 +1185,17 @@ int bench_flops(const cxxopts::ParseResult& r) {
   const int64_t topt = option_or(r, "threads", 0, Range<int64_t>{0, kernels::kMaxThreads, false, "(0 = all cores)"});
   const bool as_json = r.count("json") > 0;
   const int threads = kernels::set_threads(static_cast<int>(topt));
+#if defined(__x86_64__)
   __builtin_cpu_init();
-  const Isa isas[] = {
+  const std::vector<Isa> isas = {
       {"avx2+fma", 8, fma_avx2, __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")},
       {"avx512f", 16, fma_avx512, static_cast<bool>(__builtin_cpu_supports("avx512f"))},
   };
+#elif defined(__aarch64__)
+  const std::vector<Isa> isas = {{"neon", 4, fma_neon, true}};
+#else
+  const std::vector<Isa> isas;  // no vector FMA kernel written for this architecture
+#endif
   json ij = json::object();
   struct Line {
     const char* name;
@@ -1241,7 +1277,7 @@ int bench_flops(const cxxopts::ParseResult& r) {
   for (const auto& l : lines)
     std::printf("%-10s %6d %12.1f %14.1f %14.1f %18.1f\n", l.name, l.lanes, l.gf.max, l.gf.median, l.gf.min,
                 l.gf.max / threads);
-  if (lines.empty()) std::printf("(this CPU has neither AVX2+FMA nor AVX-512F)\n");
+  if (lines.empty()) std::printf("(no vector FMA kernel for this CPU: x86-64 needs AVX2+FMA or AVX-512F)\n");
   noise.print();
   return 0;
 }
@@ -1339,7 +1375,7 @@ int cmd_bench(int argc, char** argv) {
                      "  colibri bench --tokenizer --model FILE [--text-file T --reps R]");
   o.add_options()("m,model", ".colibri model file to benchmark", cxxopts::value<std::string>())(
       "memory-bandwidth", "STREAM-style memory bandwidth (Copy, Scale, Add, Triad, Sum) instead of a model")(
-      "peak-flops", "f32 FMA throughput per ISA (AVX2+FMA, AVX-512F) instead of a model")(
+      "peak-flops", "f32 FMA throughput per ISA (x86-64: AVX2+FMA, AVX-512F; aarch64: NEON) instead of a model")(
       "tokenizer", "Encode/decode speed of the model's embedded tokenizer instead of generation")(
       "text-file", "--tokenizer: the text to encode (default: a built-in 4 MiB mixed text)", cxxopts::value<std::string>())(
       "t,threads", "Compute threads, 0..1024; 0 = all cores (default 0)", cxxopts::value<int64_t>())(

@@ -57,7 +57,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-void add_generation_options(cxxopts::Options& o) {
+void add_generation_options(cxxopts::Options& o, bool one_process) {
   o.add_options()("m,model", ".colibri model file", cxxopts::value<std::string>())(
       "prompt", "A text prompt, encoded with the model's embedded tokenizer; repeat for a batch",
       cxxopts::value<std::vector<std::string>>())(
@@ -84,11 +84,12 @@ void add_generation_options(cxxopts::Options& o) {
       "prefill-chunk", "Most tokens per prefill pass, 1..65536", cxxopts::value<int64_t>()->default_value("256"))(
       "max-context", "KV cache positions per sequence, 0..the model's; 0 = what the prompts need",
       cxxopts::value<int64_t>()->default_value("0"))(
-      "kernels", "CPU kernels: auto, avx2 or generic", cxxopts::value<std::string>()->default_value("auto"))(
+      "kernels", "CPU kernels: auto, avx512, avx2 or generic (avx512/avx2: x86-64 only)",
+      cxxopts::value<std::string>()->default_value("auto"))(
       "no-verify", "Skip the checksum check of dense tensors at load")(
       "check-numerics", "Debugging: check every activation after each stage of every layer and name the first "
       "layer and stage where a NaN or infinity appears (slower; the logits are always checked)");
-  add_cluster_options(o);
+  add_cluster_options(o, one_process);
 }
 
 // "PREFIX TEXT\n" on stdout (the text may hold any byte).
@@ -103,12 +104,15 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
                      cluster_cmd ? "Generate as an expert-parallel cluster. Under mpirun/srun (or colibri launch) rank 0\n"
                                    "is the coordinator and the other ranks serve experts; with one rank it is the\n"
                                    "single-process engine. Sequence i samples with seed + i."
-                                 : "Generate tokens from one or more prompts of token ids in one process (CPU backend,\n"
-                                   "in-process communicator). Sequence i samples with seed + i.");
-  add_generation_options(o);
+                                 : "Generate tokens from one or more prompts in one process (in-process communicator,\n"
+                                   "every expert on rank 0). Sequence i samples with seed + i. The options that only\n"
+                                   "shape a cluster are refused (exit 11): use colibri run for those.");
+  add_generation_options(o, !cluster_cmd);
   add_common_options(o);
   auto r = o.parse(argc, argv);
   if (handle_common(o, r)) return 0;
+  // generate: the options only a cluster reads are refused, not silently ignored.
+  if (!cluster_cmd) refuse_cluster_only_options(r);
   // Every numeric option, before any work (the model's own limits follow in Engine::validate).
   const int32_t max_new = option_in_range(r, "max-new-tokens", Range<int32_t>{0, static_cast<int32_t>(kMaxPositions)});
   const float temperature = option_in_range(r, "temperature", Range<float>{0, 100, false, "(0 = greedy)"});
@@ -126,7 +130,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     if (!r.count("model")) throw Error(Status::InvalidArgument, "--model FILE is required");
     const std::string kn = r["kernels"].as<std::string>();
     if (kn != "auto" && !kernels::select(kn.c_str()))
-      throw Error(Status::InvalidArgument, "--kernels '" + kn + "' is not available on this CPU (auto, avx2, generic)");
+      throw Error(Status::InvalidArgument, "--kernels '" + kn + "' is not available on this CPU (auto, avx512, avx2, generic; avx512/avx2: x86-64 only)");
     const int threads = set_rank_threads(threads_opt, world);
 
     ColibriFile::Options fo;

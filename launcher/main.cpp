@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/cpu/kernels.h"
 #include "launcher/commands.h"
 #include "model/error.h"
 #include "model/file_io.h"
@@ -131,6 +132,16 @@ int main(int argc, char** argv) {
   }
   if (cmd == "--version") {
     std::printf("colibri %s\n", COLIBRI_VERSION);
+    // The architecture built for and its CPU kernel tables (only "generic" off x86-64).
+#if defined(__x86_64__)
+    const char* arch = "x86_64";
+#elif defined(__aarch64__)
+    const char* arch = "aarch64";
+#else
+    const char* arch = "other";
+#endif
+    std::printf("built for %s; CPU kernels: %s; in use: %s\n", arch,
+                COLIBRI_X86_KERNELS ? "generic avx2 avx512" : "generic", colibri::kernels::active().name);
     return 0;
   }
   for (const auto& c : kCommands) {

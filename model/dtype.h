@@ -33,14 +33,24 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// IEEE binary16 as a C++ type: _Float16 (GCC 12+ on x86-64), or on aarch64, whose
+// GCC 12 has no _Float16 in C++, __fp16: the same format there (IEEE, not ARM's
+// alternative), converted from float exactly as _Float16 is (round to nearest
+// even, one FCVT instruction).
+#if defined(__aarch64__)
+using Float16 = __fp16;
+#else
+using Float16 = _Float16;
+#endif
+
 inline float f16_to_f32(uint16_t h) {
-  _Float16 v;
+  Float16 v;
   std::memcpy(&v, &h, 2);
   return static_cast<float>(v);
 }
 
 inline uint16_t f32_to_f16(float f) {
-  _Float16 v = static_cast<_Float16>(f);
+  Float16 v = static_cast<Float16>(f);
   uint16_t h;
   std::memcpy(&h, &v, 2);
   return h;

@@ -242,8 +242,10 @@ stage_asan() {
 # barriers, locks, tasks and reductions. LLVM 14: its libomp and Archer are the
 # libomp-dev that scripts/setup.sh installs (libomp-16-dev would replace it).
 # -include clang_compat.h and -mf16c: two spellings Clang 14 rejects (the "f16c"
-# feature of __builtin_cpu_supports, _Float16); see that file.
-TSAN_FLAGS="-O1 -g -mf16c"
+# feature of __builtin_cpu_supports, _Float16); see that file. Both are x86-64
+# only (aarch64 has _Float16 and builds no x86 kernels).
+TSAN_FLAGS="-O1 -g"
+[ "$(uname -m)" = x86_64 ] && TSAN_FLAGS+=" -mf16c"
 tsan_env() {  # $1: the log folder
   local lib="/usr/lib/llvm-$llvm/lib"
   export OMP_TOOL_LIBRARIES="$lib/libarcher.so"

@@ -7,7 +7,7 @@
 # exactly top_k experts per MoE layer, batch 2 between top_k and the expert
 # count. --memory-bandwidth prints a positive rate for every kernel and
 # validates; --peak-flops a positive GFLOP/s for AVX2 (and AVX-512F when the
-# CPU has it). Bad arguments exit 11 (invalid argument) with a message, a
+# CPU has it) on x86-64, for NEON on aarch64. Bad arguments exit 11 (invalid argument) with a message, a
 # missing file 12, an unparsable number 2. Stops at the first failure.
 set -euo pipefail
 
@@ -187,20 +187,39 @@ fi
 
 # ---------------------------------------------------------------------------
 step "peak flops"
+# The architecture the binary was built for (`colibri --version`), not the
+# shell's: an aarch64 binary may run here under qemu-user (scripts/cross_check.sh).
+arch=$("$BIN" --version | awk '$1 == "built" && $2 == "for" { sub(/;$/, "", $3); print $3 }')
+[ -n "$arch" ] || fail "colibri --version names no architecture"
 expect_rc 0 "bench --peak-flops" "$BIN" bench --peak-flops --reps 1 --threads 1
-if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
-  v=$(awk '$1 == "avx2+fma" { print $3 }' "$T/out")
-  positive "$v" || fail "avx2+fma GFLOP/s '$v' is not positive"
-  pass "avx2+fma: $v GFLOP/s"
-fi
-if grep -qw avx512f /proc/cpuinfo; then
-  v=$(awk '$1 == "avx512f" { print $3 }' "$T/out")
-  positive "$v" || fail "avx512f GFLOP/s '$v' is not positive"
-  pass "avx512f: $v GFLOP/s"
-else
-  grep -q '^avx512f ' "$T/out" && fail "avx512f measured on a CPU without it"
-  pass "no AVX-512F line on a CPU without it"
-fi
+case "$arch" in
+x86_64)
+  if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+    v=$(awk '$1 == "avx2+fma" { print $3 }' "$T/out")
+    positive "$v" || fail "avx2+fma GFLOP/s '$v' is not positive"
+    pass "avx2+fma: $v GFLOP/s"
+  fi
+  if grep -qw avx512f /proc/cpuinfo; then
+    v=$(awk '$1 == "avx512f" { print $3 }' "$T/out")
+    positive "$v" || fail "avx512f GFLOP/s '$v' is not positive"
+    pass "avx512f: $v GFLOP/s"
+  else
+    grep -q '^avx512f ' "$T/out" && fail "avx512f measured on a CPU without it"
+    pass "no AVX-512F line on a CPU without it"
+  fi
+  grep -q '^neon ' "$T/out" && fail "a NEON line from an x86-64 build"
+  ;;
+aarch64)
+  grep -q '^neon ' "$T/out" || fail "no NEON line from an aarch64 build"
+  grep -qE '^(avx2\+fma|avx512f) ' "$T/out" && fail "an x86 line from an aarch64 build"
+  # The rate from --json, at full precision: under qemu-user it prints as 0.0 GFLOP/s.
+  expect_rc 0 "bench --peak-flops --json" "$BIN" bench --peak-flops --reps 1 --threads 1 --json
+  v=$(tr -d ' \n' <"$T/out" | grep -o '"neon":{[^}]*' | grep -o '"best_gflops":[-0-9.e+]*' | cut -d: -f2)
+  positive "$v" || fail "neon GFLOP/s '$v' is not positive"
+  pass "neon: $v GFLOP/s, no x86 line"
+  ;;
+*) fail "no peak-flops check written for architecture '$arch'" ;;
+esac
 
 # ---------------------------------------------------------------------------
 step "tokenizer"

@@ -51,6 +51,8 @@ for c in synth convert inspect generate "exit codes"; do out_has "$c"; done
 pass "--help lists every subcommand and the exit codes"
 expect_rc 0 "colibri --version" "$BIN" --version
 out_has "colibri "
+out_has "built for "
+out_has "CPU kernels: generic"
 
 expect_rc 0 "colibri synth --help" "$BIN" synth --help
 for o in --arch --preset --seed --out --dtype --shard-mb --help; do out_has "$o"; done

@@ -243,8 +243,10 @@ for bad in fifo adir; do
   check "inspect" "$BIN" inspect "$P"
   check "generate --model" "$BIN" generate --model "$P" --prompt-ids 1
   check "bench --model" "$BIN" bench --model "$P"
-  check "generate --placement" "${GEN[@]}" --placement "$P"
-  check "generate --stats" "${GEN[@]}" --stats "$P"
+  # (run: generate refuses these cluster options before reading them, exit 11)
+  check "run --placement" "$BIN" run --model "$M" --prompt-ids 1,2,3 --max-new-tokens 4 --log-level warn --placement "$P"
+  check "run --stats" "$BIN" run --model "$M" --prompt-ids 1,2,3 --max-new-tokens 4 --log-level warn --stats "$P"
+  check "generate --stats (pinned cache)" "${GEN[@]}" --cache-policy pinned --stats "$P"
   check "generate --routing-replay" "${GEN[@]}" --routing-replay "$P"
   check "generate --prompt-file" "$BIN" generate --model "$M" --prompt-file "$P"
   check "stats TRACE" "$BIN" stats "$P"

@@ -8,7 +8,9 @@
 # --threads 100000 used to crash (SIGSEGV inside OpenMP). Under mpirun, a worker
 # that stops answering (--inject-fault RANK:stall:N) ends the job within
 # --comm-timeout with a message naming that rank (--comm-timeout 0 used to
-# disable the deadline: such a job hung for ever). Stops at the first failure.
+# disable the deadline: such a job hung for ever). generate refuses the options
+# only a cluster reads (it would ignore them), and runs with the one-process ones.
+# Stops at the first failure.
 set -euo pipefail
 
 # shellcheck source=tests/cli_lib.sh
@@ -50,11 +52,6 @@ refuse "${G[@]}" -- top-p 1.5
 refuse "${G[@]}" -- prefill-chunk 0
 refuse "${G[@]}" -- prefill-chunk 1000000
 refuse "${G[@]}" -- max-context -1
-refuse "${G[@]}" -- comm-timeout 0
-err_has "[0.1, 86400] seconds"
-refuse "${G[@]}" -- comm-timeout -5
-refuse "${G[@]}" -- comm-timeout 1e9 1e+09
-refuse "${G[@]}" -- redundant -1
 refuse "${G[@]}" -- expert-cache-experts -1
 refuse "${G[@]}" -- cache-decay 0
 refuse "${G[@]}" -- cache-decay 1.5
@@ -66,11 +63,91 @@ err_has "--inject-fault '5:stall:1'"
 expect_rc 11 "generate --inject-fault 0:kill:x" "$BIN" "${G[@]}" --inject-fault 0:kill:x
 # The limits themselves are accepted.
 expect_rc 0 "generate at the limits" "$BIN" "${G[@]}" --threads 1 --max-new-tokens 0 --temperature 100 --top-p 1 \
-  --prefill-chunk 65536 --comm-timeout 0.1 --cache-decay 1 --log-level warn
+  --prefill-chunk 65536 --cache-decay 1 --log-level warn
 
-step "run: the same options"
-refuse run --model "$M" --prompt-ids 1,2,3 -- threads 100000
-refuse run --model "$M" --prompt-ids 1,2,3 -- comm-timeout 0
+step "run: the same options, and the cluster ones"
+R=(run --model "$M" --prompt-ids 1,2,3)
+refuse "${R[@]}" -- threads 100000
+refuse "${R[@]}" -- comm-timeout 0
+err_has "[0.1, 86400] seconds"
+refuse "${R[@]}" -- comm-timeout -5
+refuse "${R[@]}" -- comm-timeout 1e9 1e+09
+refuse "${R[@]}" -- redundant -1
+expect_rc 0 "run at the limits" "$BIN" "${R[@]}" --threads 1 --max-new-tokens 0 --comm-timeout 0.1 --log-level warn
+
+# ---------------------------------------------------------------------------
+step "generate: cluster options are refused"
+# generate runs in one process (the in-process communicator, every expert on rank
+# 0): an option that only shapes a cluster would be ignored there, so it is refused
+# before any work (exit 11, invalid argument), named, pointing to colibri run.
+# run (one rank here, no mpirun) takes the same options.
+"$BIN" generate --model "$M" --prompt-ids 1,2,3,4,5 --max-new-tokens 4 --record-routing "$T/gen.jsonl" --log-level warn >"$T/gen.out"
+"$BIN" stats "$T/gen.jsonl" --out "$T/stats.json" --log-level warn >"$T/stats.out"
+"$BIN" place --model "$M" --ranks 1 --policy contiguous --out "$T/p1.json" --log-level warn >"$T/place.out"
+[ -s "$T/stats.json" ] && [ -s "$T/p1.json" ] || fail "stats or placement not written"
+# cluster_refused WHAT ARGS...: generate ARGS exits 11 naming WHAT, writes nothing;
+# run ARGS (one rank) exits 0.
+cluster_refused() {
+  local what=$1
+  shift
+  rm -f "$T/never.npy"
+  expect_rc 11 "generate $*" "$BIN" "${G[@]}" "$@" --dump-logits "$T/never.npy" --log-level warn
+  err_has "$what is a cluster option"
+  err_has "colibri generate runs in one process"
+  err_has "use colibri run"
+  [ ! -e "$T/never.npy" ] || fail "generate $*: wrote --dump-logits before refusing"
+  [ ! -s "$T/out" ] || fail "generate $*: printed tokens before refusing"
+  expect_rc 0 "run $* (one rank)" "$BIN" "${R[@]}" "$@" --log-level warn
+}
+cluster_refused --placement --placement "$T/p1.json"
+cluster_refused --policy --policy round_robin
+cluster_refused --policy --policy contiguous
+cluster_refused --redundant --redundant 0
+cluster_refused --coordinator-experts --coordinator-experts
+cluster_refused --stats --stats "$T/stats.json"
+cluster_refused --stats --stats "$T/stats.json" --cache-policy lru --expert-cache-experts 2
+cluster_refused "--comm auto" --comm auto
+cluster_refused --comm-timeout --comm-timeout 30
+# A value out of range is still refused as a cluster option, not a range.
+expect_rc 11 "generate --comm-timeout 0" "$BIN" "${G[@]}" --comm-timeout 0 --log-level warn
+err_has "--comm-timeout is a cluster option"
+# --comm mpi/nccl: also refused by generate (run would start MPI: not tried here).
+for c in mpi nccl; do
+  expect_rc 11 "generate --comm $c" "$BIN" "${G[@]}" --comm $c --log-level warn
+  err_has "--comm $c is a cluster option"
+done
+# Started as one of several ranks by mpirun/srun (their environment, no MPI needed):
+# every rank would generate alone.
+for v in OMPI_COMM_WORLD_SIZE=3 PMI_SIZE=2 SLURM_STEP_NUM_TASKS=4; do
+  expect_rc 11 "$v generate" env "$v" "$BIN" "${G[@]}" --log-level warn
+  err_has "colibri generate was started as one of ${v#*=} ranks (${v%%=*})"
+  err_has "use colibri run"
+done
+expect_rc 0 "OMPI_COMM_WORLD_SIZE=1 generate (one rank)" env OMPI_COMM_WORLD_SIZE=1 "$BIN" "${G[@]}" --log-level warn
+# What acts in one process keeps working with generate: the expert cache (its
+# budget and policy show in the report), --stats for the pinned cache, --comm local.
+expect_rc 0 "generate --expert-cache-experts 2 --cache-policy lfu" "$BIN" "${G[@]}" --expert-cache-experts 2 \
+  --cache-policy lfu --log-level warn
+awk '$1 == "0" && $2 == "lfu" && $4 == "2" { ok = 1 } END { exit !ok }' "$T/out" ||
+  fail "generate's report lacks rank 0 with policy lfu and 2 cache slots"
+pass "generate: the expert cache is honoured in one process"
+expect_rc 0 "generate --cache-policy pinned --stats" "$BIN" "${G[@]}" --expert-cache-experts 2 --cache-policy pinned \
+  --stats "$T/stats.json" --log-level warn
+awk '$1 == "0" && $2 == "pinned" { ok = 1 } END { exit !ok }' "$T/out" || fail "generate's report lacks the pinned policy"
+expect_rc 0 "generate --comm local" "$BIN" "${G[@]}" --comm local --log-level warn
+expect_rc 0 "generate --cache-decay 0.5 --cache-policy hybrid --expert-cache-bytes 1M" "$BIN" "${G[@]}" \
+  --cache-policy hybrid --cache-decay 0.5 --expert-cache-bytes 1M --log-level warn
+# --help says which options generate refuses.
+expect_rc 0 "generate --help" "$BIN" generate --help
+for o in placement policy redundant coordinator-experts comm-timeout; do
+  grep -qE -- "--$o( arg)? +\[colibri run only: generate refuses it\]" "$T/out" ||
+    fail "generate --help does not mark --$o as refused"
+done
+out_has "[generate: with --cache-policy pinned only]"
+out_has "[generate: local only]"
+expect_rc 0 "run --help" "$BIN" run --help
+if grep -qF "generate refuses" "$T/out"; then fail "run --help marks options as refused"; fi
+pass "generate --help marks the refused options, run --help does not"
 
 step "bench"
 refuse bench --model "$M" -- threads 100000

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/qkernels.h"
+#include "model/error.h"
 #include "model/dtype.h"
 #include "tests/test_util.h"
 
@@ -336,4 +339,41 @@ TEST(Kernels, SelectFallsBackLoudly) {
     EXPECT_STREQ(kernels::active().name, "avx512");
   }
   kernels::select(kernels::default_kernels().name);
+}
+
+// The tables a build has follow its architecture (kernels/cpu/kernels.h): x86-64
+// builds AVX2 and AVX-512 and takes the widest the CPU runs; any other target
+// (aarch64) has only "generic", refuses the x86 names, and so does qkernels.
+TEST(Kernels, TablesFollowTheArchitecture) {
+  EXPECT_STREQ(kernels::generic_table().name, "generic");
+  EXPECT_STREQ(qkernels::generic_table().name, "generic");
+#if defined(__x86_64__)
+  EXPECT_EQ(COLIBRI_X86_KERNELS, 1);
+  __builtin_cpu_init();
+  EXPECT_EQ(kernels::cpu_has_avx2(), __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                                         __builtin_cpu_supports("f16c"));
+  const char* widest = kernels::cpu_has_avx512() ? "avx512" : kernels::cpu_has_avx2() ? "avx2" : "generic";
+  if (!std::getenv("COLIBRI_KERNELS")) EXPECT_STREQ(kernels::default_kernels().name, widest);
+  if (kernels::cpu_has_avx2()) {
+    EXPECT_STREQ(kernels::avx2_table().name, "avx2");
+    EXPECT_STREQ(qkernels::avx2_table().name, "avx2");
+  }
+  if (kernels::cpu_has_avx512()) EXPECT_STREQ(kernels::avx512_table().name, "avx512");
+  if (qkernels::cpu_has_avx512()) EXPECT_STREQ(qkernels::avx512_table().name, "avx512");
+#else
+  EXPECT_EQ(COLIBRI_X86_KERNELS, 0);
+  EXPECT_FALSE(kernels::cpu_has_avx2());
+  EXPECT_FALSE(kernels::cpu_has_avx512());
+  EXPECT_FALSE(qkernels::cpu_has_avx2());
+  EXPECT_FALSE(qkernels::cpu_has_avx512());
+  EXPECT_EQ(kernels::table_named("avx2"), nullptr);
+  EXPECT_EQ(kernels::table_named("avx512"), nullptr);
+  EXPECT_FALSE(kernels::select("avx2"));
+  EXPECT_FALSE(qkernels::select("avx512"));
+  EXPECT_STREQ(kernels::default_kernels().name, "generic");
+  EXPECT_STREQ(kernels::active().name, "generic");
+  EXPECT_STREQ(qkernels::active().name, "generic");
+  EXPECT_THROW(kernels::avx2_table(), Error);
+  EXPECT_THROW(qkernels::avx512_table(), Error);
+#endif
 }

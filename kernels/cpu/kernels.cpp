@@ -15,10 +15,12 @@
 namespace colibri::kernels {
 
 namespace generic { const KernelTable& table(); }
+const KernelTable& generic_table() { return generic::table(); }
+
+#if COLIBRI_X86_KERNELS
 namespace avx2 { const KernelTable& table(); }
 namespace avx512 { const KernelTable& table(); }
 
-const KernelTable& generic_table() { return generic::table(); }
 const KernelTable& avx2_table() { return avx2::table(); }
 const KernelTable& avx512_table() { return avx512::table(); }
 
@@ -32,6 +34,17 @@ bool cpu_has_avx512() {
   return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
+#else
+// Not x86-64: only the generic table is compiled (see kernels.h).
+const KernelTable& avx2_table() {
+  throw Error(Status::Unsupported, "the AVX2 kernels exist only in an x86-64 build");
+}
+const KernelTable& avx512_table() {
+  throw Error(Status::Unsupported, "the AVX-512 kernels exist only in an x86-64 build");
+}
+bool cpu_has_avx2() { return false; }
+bool cpu_has_avx512() { return false; }
+#endif
 
 const KernelTable* table_named(const char* name) {
   if (std::strcmp(name, "generic") == 0) return &generic_table();

@@ -35,11 +35,22 @@ struct KernelTable {
                  const float* sink, float* scores, float* out);
 };
 
+// The AVX2 and AVX-512 tables (and the quantised ones in qkernels.h) are built
+// only for x86-64 (CMakeLists.txt compiles kernels_impl.cpp per ISA there only).
+// Elsewhere (aarch64: Grace) only "generic" exists: cpu_has_avx2/avx512() are
+// false, table_named()/select() refuse the x86 names and avx2_table() /
+// avx512_table() throw Error(Unsupported).
+#if defined(__x86_64__)
+#define COLIBRI_X86_KERNELS 1
+#else
+#define COLIBRI_X86_KERNELS 0
+#endif
+
 const KernelTable& generic_table();
 const KernelTable& avx2_table();
 const KernelTable& avx512_table();
-bool cpu_has_avx2();    // AVX2 + FMA + F16C
-bool cpu_has_avx512();  // and AVX-512 F, BW, VL, DQ
+bool cpu_has_avx2();    // AVX2 + FMA + F16C (false when not x86-64)
+bool cpu_has_avx512();  // and AVX-512 F, BW, VL, DQ (false when not x86-64)
 // The table of that name ("generic", "avx2", "avx512") when the CPU runs it, else null.
 const KernelTable* table_named(const char* name);
 

@@ -15,10 +15,12 @@
 namespace colibri::qkernels {
 
 namespace generic { const QKernelTable& table(); }
+const QKernelTable& generic_table() { return generic::table(); }
+
+#if COLIBRI_X86_KERNELS
 namespace avx2 { const QKernelTable& table(); }
 namespace avx512 { const QKernelTable& table(); }
 
-const QKernelTable& generic_table() { return generic::table(); }
 const QKernelTable& avx2_table() { return avx2::table(); }
 const QKernelTable& avx512_table() { return avx512::table(); }
 
@@ -26,6 +28,17 @@ bool cpu_has_avx2() { return kernels::cpu_has_avx2(); }
 
 // The float kernels' AVX-512 set, and VNNI for the integer dot products.
 bool cpu_has_avx512() { return kernels::cpu_has_avx512() && __builtin_cpu_supports("avx512vnni"); }
+#else
+// Not x86-64: only the generic table is compiled (see kernels/cpu/kernels.h).
+const QKernelTable& avx2_table() {
+  throw Error(Status::Unsupported, "the AVX2 quantised kernels exist only in an x86-64 build");
+}
+const QKernelTable& avx512_table() {
+  throw Error(Status::Unsupported, "the AVX-512 quantised kernels exist only in an x86-64 build");
+}
+bool cpu_has_avx2() { return false; }
+bool cpu_has_avx512() { return false; }
+#endif
 
 namespace {
 
