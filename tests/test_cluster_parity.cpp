@@ -7,15 +7,12 @@
 // the one-process run's tokens and logits BITWISE. This is the matrix
 // tests/mpi_parity_test.sh ran under mpirun (~100 jobs); that script now makes
 // a handful of real mpirun runs (the default transport and UCX, a placement
-// file, the traffic, the coordinator hosting experts), cluster.parity.
-//
-// COLIBRI_PARITY_QUICK=1 (scripts/sanitize.sh): the script's former quick mode,
-// the subset the sanitizer stages ran (no 3-rank matrix, mixtral_a and three
-// other families, one quantised run); the other fixtures are skipped, and counted so.
+// file, the traffic, the coordinator hosting experts), cluster.parity. In one
+// process the whole matrix takes a few seconds even under the sanitizers, which
+// run all of it (under mpirun they ran a 23-run subset).
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -38,11 +35,6 @@ using namespace colibri;
 using namespace colibri::test;
 
 namespace {
-
-bool quick_mode() {
-  const char* q = std::getenv("COLIBRI_PARITY_QUICK");
-  return q && *q && std::string(q) != "0";
-}
 
 // One cluster run: the options `colibri run` takes for it.
 struct ClusterRun {
@@ -263,13 +255,11 @@ std::vector<std::string> other_families() {
 // The Mixtral fixtures: the whole placement x policy x cache matrix.
 TEST_P(MixtralParity, EveryPlacementPolicyAndCacheIsBitwiseOneProcess) {
   const std::string name = GetParam();
-  if (quick_mode() && name != "mixtral_a") GTEST_SKIP() << "COLIBRI_PARITY_QUICK: mixtral_a only";
   Fixture fx(name);
   TempDir tmp;
   Model m(fx.convert(tmp, DType::F32), fx, tmp);
   m.check({"run world=1", 1});
   for (int np : {2, 3, 4}) {
-    if (quick_mode() && np == 3) continue;
     for (const std::string policy : {"contiguous", "round_robin", "balanced", "replicated"})
       for (bool coord : {false, true}) {
         ClusterRun r{"np=" + std::to_string(np) + " " + policy + " coordinator-experts=" + (coord ? "yes" : "no"), np, policy, coord};
@@ -300,13 +290,10 @@ TEST_P(MixtralParity, EveryPlacementPolicyAndCacheIsBitwiseOneProcess) {
 // routing, MLA, sinks, MXFP4...): non-trivial placements over MoE layers only.
 TEST_P(FamilyParity, PlacementsOverMoeLayersAreBitwiseOneProcess) {
   const std::string name = GetParam();
-  if (quick_mode() && name != "qwen2_moe_a" && name != "deepseek_v3_a" && name != "gpt_oss_a")
-    GTEST_SKIP() << "COLIBRI_PARITY_QUICK: qwen2_moe_a, deepseek_v3_a and gpt_oss_a only";
   Fixture fx(name);
   TempDir tmp;
   Model m(fx.convert(tmp, DType::F32), fx, tmp);
   m.check({"np=3 balanced", 3, "balanced"});
-  if (quick_mode()) return;
   ClusterRun r{"np=4 replicated R=2 coordinator-experts, cache 1 expert/rank lru", 4, "replicated", true, 2};
   r.cache_experts = 1;
   m.check(r);
@@ -318,7 +305,6 @@ TEST_P(FamilyParity, PlacementsOverMoeLayersAreBitwiseOneProcess) {
 // coordinator int8 dense matrices; still bitwise one process.
 TEST_P(QuantisedParity, Int4ExpertsInt8DenseAreBitwiseOneProcess) {
   const std::string name = GetParam();
-  if (quick_mode() && name != "mixtral_a") GTEST_SKIP() << "COLIBRI_PARITY_QUICK: mixtral_a only";
   Fixture fx(name);
   TempDir tmp;
   const std::string path = tmp.file(name + ".q.colibri");
@@ -330,7 +316,6 @@ TEST_P(QuantisedParity, Int4ExpertsInt8DenseAreBitwiseOneProcess) {
   convert_checkpoint(fx.dir + "/hf", path, o);
   Model m(path, fx, tmp);
   m.check({"quantised np=3 balanced", 3, "balanced"});
-  if (quick_mode()) return;
   ClusterRun r{"quantised np=4 replicated R=2 coordinator-experts, cache 1 expert/rank lru", 4, "replicated", true, 2};
   r.cache_experts = 1;
   m.check(r);
