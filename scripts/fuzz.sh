@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz) with Clang, ASan and UBSan into
-# build-fuzz/, then fuzzes each for a bounded time, starting from a copy of the
-# seed corpus (the repository is not modified). Fails on any crash, sanitizer
-# report, leak, timeout or out-of-memory, printing the reproducer.
+# build-fuzz/, replays each target's whole corpus (every seed and every stored
+# reproducer of a fixed finding, once), then fuzzes each for a bounded time,
+# starting from a copy of the corpus (the repository is not modified). Fails on
+# any crash, sanitizer report, leak, timeout or out-of-memory, printing the reproducer.
 # usage: scripts/fuzz.sh [seconds-per-target (default 60)] [target...]
 # env:   COLIBRI_FUZZ_BUILD_DIR  build directory (default build-fuzz/)
 #        COLIBRI_FUZZ_JOBS       targets fuzzed at once (default 1)
@@ -19,7 +20,7 @@ all_targets=(fuzz_colibri_file fuzz_safetensors fuzz_placement_json fuzz_config_
 seconds=60
 if [ $# -gt 0 ]; then
   case "$1" in
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     ''|*[!0-9]*) ;;
     *) seconds="$1"; shift ;;
   esac
@@ -65,7 +66,9 @@ fi
 
 # ---- build ------------------------------------------------------------------------
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root/tests/fuzz" -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+  # COLIBRI_UNITY_BUILD: the library sources in a few translation units (cmake/build_speed.cmake).
+  cmake -S "$root/tests/fuzz" -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCOLIBRI_UNITY_BUILD="${COLIBRI_UNITY_BUILD:-ON}" >/dev/null
 fi
 cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
 
@@ -90,6 +93,16 @@ run_one() {
   local dict=()
   [ -f "$root/tests/fuzz/$t.dict" ] && dict=(-dict="$root/tests/fuzz/$t.dict")
   local rc=0
+  # The whole corpus once (-runs=0: execute every input, no fuzzing), then the
+  # bounded run from it. A corpus input that fails is a regression.
+  "$build/bin/$t" -runs=0 -rss_limit_mb=2048 -timeout=10 -artifact_prefix="$artifacts/$t/" \
+    "$root/tests/fuzz/corpus/$t" >"$work/$t.replay.log" 2>&1 || rc=$?
+  if [ "$rc" != 0 ]; then
+    cp "$work/$t.replay.log" "$log"
+    echo "$rc" >"$work/$t.rc"
+    return
+  fi
+  [ "$seconds" -gt 0 ] || { cp "$work/$t.replay.log" "$log"; echo 0 >"$work/$t.rc"; return; }
   # shellcheck disable=SC2086
   "$build/bin/$t" "$corpus" "${dict[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$artifacts/$t/" -print_final_stats=1 ${COLIBRI_FUZZ_ARGS:-} >"$log" 2>&1 || rc=$?
@@ -142,5 +155,5 @@ for t in "${targets[@]}"; do
     fi
   fi
 done
-[ "$failed" = 0 ] && echo "fuzz: all ${#targets[@]} targets clean (${seconds}s each)" || echo "fuzz: FAILED" >&2
+[ "$failed" = 0 ] && echo "fuzz: all ${#targets[@]} targets clean (corpus replayed, then ${seconds}s each)" || echo "fuzz: FAILED" >&2
 exit "$failed"

@@ -6,7 +6,8 @@
 #         -fno-sanitize-recover=all -D_GLIBCXX_ASSERTIONS, into
 #         build-asan/: every GoogleTest test, the C API test, the command-line tests,
 #         the MPI exchange tests (1-4 ranks, default transport and UCX), the lost
-#         worker and signal tests, and the cluster parity test in quick mode, with
+#         worker and signal tests, and the cluster parity script in handful mode (the in-process
+#         parity matrix runs among the GoogleTest tests), with
 #         LeakSanitizer on (MPI runtime leaks suppressed by tests/sanitizers/lsan.supp).
 #   tsan  Clang with LLVM's libomp and its Archer tool, -fsanitize=thread, into
 #         build-tsan/: the same tests with 4 OpenMP threads per process.
@@ -37,8 +38,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY
 # Tests never run under sanitizers (anchored ctest names):
 # - slurm.one_node: installs and starts slurmctld/slurmd; it tests the sbatch
 #   template, and the colibri runs it makes are the cluster tests' runs.
-# - cluster.parity: the full matrix (~100 mpirun jobs) is too slow here; the
-#   sanitizer stages run the same script in quick mode (23 runs) instead.
+# - cluster.parity: the stages run its script themselves (in its handful mode: a
+#   few real mpirun runs), with the MPI environment. The placement x policy x
+#   cache matrix runs in one process in colibri_tests (*Parity.* of
+#   tests/test_cluster_parity.cpp), instrumented with the other GoogleTest tests:
+#   all of it (a few seconds at -O0; under mpirun the stages ran 23 of its runs).
 # - Engine.LongRunsKeepMemoryFlatAndTheCacheWithinBudget: measures RSS, which a
 #   sanitizer runtime changes: ASan's quarantine holds freed blocks back (up to
 #   256 MB), so RSS grows by design (3.3 MB; and ~100 s at -O0); under TSan with 4
@@ -52,8 +56,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY
 # and Numerics.* (tests/test_hardening.cpp: the SIGBUS guard, partial outputs)
 # run instrumented.
 SKIP_ALWAYS='slurm\.one_node|cluster\.parity|Engine\.LongRunsKeepMemoryFlatAndTheCacheWithinBudget|signals|cli\.hardening'
-# Tests whose processes run under mpirun (MPI_Init): they run in a second ctest pass
-# with the slow unwinder (see asan_env); a new MPI test belongs in this list.
+# Tests whose processes run under mpirun (MPI_Init) (documentation only: since
+# the slow unwinder reaches the MPI ranks alone, see asan_env, every test runs in
+# one ctest pass).
 MPI_TESTS='exchange\.(mpi|ucx)\..*|cluster\..*|cli\.text|cli\.options|signals'
 # The signals test runs alone, with OMPI_MCA_odls_base_sigkill_timeout=5. On SIGINT,
 # Open MPI 4.1's mpirun sends the ranks SIGCONT at once, SIGTERM after that timeout
@@ -107,7 +112,8 @@ configure_build() {
   cmake -S "$root" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=None \
     -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
     -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags ${6:-}" \
-    -DCOLIBRI_SANITIZE="$sanitize" -DCOLIBRI_CUDA=OFF -DCOLIBRI_CUDA_EMU=OFF -DCOLIBRI_TESTS=ON >"$dir/sanitize-configure.log" 2>&1 ||
+    -DCOLIBRI_SANITIZE="$sanitize" -DCOLIBRI_CUDA=OFF -DCOLIBRI_CUDA_EMU=OFF -DCOLIBRI_TESTS=ON \
+    -DCOLIBRI_UNITY_BUILD="${COLIBRI_UNITY_BUILD:-ON}" >"$dir/sanitize-configure.log" 2>&1 ||
     { cat "$dir/sanitize-configure.log"; return 1; }
   cmake --build "$dir" --parallel "$jobs"
 }
@@ -154,7 +160,7 @@ finish_stage() {
     show_reports "$logdir"
     [ "$ub" -ne 0 ] && grep -h -A6 "runtime error:" "$log" "$build/sanitize-parity.log" 2>/dev/null | head -40
   fi
-  summary+=("$name: $verdict  build $(fmt "$bs"), tests $(fmt "$ts"); ctest $(count_tests "$log") passed; parity quick: $parity; self-check: $canary; sanitizer reports: $n (in $logdir)")
+  summary+=("$name: $verdict  build $(fmt "$bs"), tests $(fmt "$ts"); ctest $(count_tests "$log") passed; parity under mpirun: $parity; self-check: $canary; sanitizer reports: $n (in $logdir)")
 }
 
 # ---- AddressSanitizer + UndefinedBehaviorSanitizer ---------------------------------
@@ -169,20 +175,24 @@ finish_stage() {
 # code without the annotations, which gives false container-overflow reports.)
 ASAN_FLAGS="-O0 -g1 -fno-sanitize-recover=all -fsanitize=float-cast-overflow -D_GLIBCXX_ASSERTIONS"
 
-asan_env() {  # $1: the log folder; $2: "mpi" for the MPI pass
-  local unwind=""
+asan_env() {  # $1: the log folder
   # MPI ranks: Debian's MPI libraries have no frame pointers, so the default fast
   # unwinder stops at their first frame and the lsan.supp entries (ompi_mpi_init,
-  # ...) could not match: record allocation stacks with the slow unwinder there.
-  # It costs ~0.25 s per process start, so the other tests keep the fast one.
-  [ "${2:-}" = mpi ] && unwind=":fast_unwind_on_malloc=0"
+  # ...) could not match: the ranks record allocation stacks with the slow
+  # unwinder. It costs ~0.25 s per process start and much more per allocation, so
+  # only the ranks get it: mpirun passes OMPI_MCA_mca_base_env_list's
+  # "ASAN_OPTIONS=..." to the processes it starts (overriding the ASAN_OPTIONS
+  # they inherit), and every other process (colibri without mpirun, the tests'
+  # own binaries) keeps the fast unwinder. The MPI leak canary below checks that
+  # the ranks' reports still show MPI's frames and that lsan.supp matches them.
   # intercept_tls_get_addr=0: GCC 12's LeakSanitizer guesses the size of dynamic TLS
   # blocks from a glibc <2.25 header layout; in MPI ranks (libucs, libnuma, ... are
   # dlopen()ed with TLS) the guess can be garbage and LSan's tracer crashes
   # ("Tracer caught signal 11", "LeakSanitizer has encountered a fatal error"). The
   # blocks are ordinary heap blocks reachable from the DTV, so leak checking loses
   # nothing.
-  export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:strict_string_checks=1:intercept_tls_get_addr=0:print_suppressions=0:log_path=$1/asan$unwind"
+  export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:strict_string_checks=1:intercept_tls_get_addr=0:print_suppressions=0:log_path=$1/asan"
+  export OMPI_MCA_mca_base_env_list="ASAN_OPTIONS=$ASAN_OPTIONS:fast_unwind_on_malloc=0"
   export LSAN_OPTIONS="suppressions=$san_dir/lsan.supp:print_suppressions=0"
   # UndefinedBehaviorSanitizer: GCC's libubsan next to libasan ignores log_path and
   # writes to stderr; abort_on_error=1 makes the first report kill the process with
@@ -199,7 +209,7 @@ asan_canary() {
   if ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then echo "skipped (no MPI)"; return; fi
   OMPI_CXX=g++ mpicxx -fsanitize=address -fno-omit-frame-pointer -g -O0 "$san_dir/mpi_leak_canary.cpp" -o "$dir/mpi_leak_canary" >"$dir/build.log" 2>&1 ||
     { echo "FAIL (does not build: $dir/build.log)"; return; }
-  (asan_env "$logs" mpi; mpirun --oversubscribe --bind-to none -np 2 "$dir/mpi_leak_canary" >"$dir/run.log" 2>&1)
+  (asan_env "$logs"; mpirun --oversubscribe --bind-to none -np 2 "$dir/mpi_leak_canary" >"$dir/run.log" 2>&1)
   local all
   all=$(cat "$logs"/* 2>/dev/null)
   if grep -q "Direct leak of 4242 byte" <<<"$all" && grep -q "in main .*mpi_leak_canary.cpp" <<<"$all" && grep -q "MPI_Comm_dup" <<<"$all" && ! grep -q "ompi_mpi_init\|event_base_loop" <<<"$all"; then
@@ -219,12 +229,11 @@ stage_asan() {
   fi
   t1=$(now)
   rm -rf "$logdir" "$log"; mkdir -p "$logdir"
-  (asan_env "$logdir"; run_ctest "$log" -E "^($SKIP_ALWAYS|$MPI_TESTS)\$") || crc=1
+  (asan_env "$logdir"; run_ctest "$log" -E "^($SKIP_ALWAYS|$SIGNALS_TEST)\$") || crc=1
+  (asan_env "$logdir"; run_signals "$log") || crc=1
   if command -v mpirun >/dev/null 2>&1; then
-    (asan_env "$logdir" mpi; run_ctest "$log" -R "^($MPI_TESTS)\$" -E "^($SKIP_ALWAYS|$SIGNALS_TEST)\$") || crc=1
-    (asan_env "$logdir" mpi; run_signals "$log") || crc=1
-    echo "== asan: cluster parity, quick mode"
-    if (asan_env "$logdir" mpi; bash "$root/tests/mpi_parity_test.sh" "$build/bin/colibri" "$fixtures" quick 2>&1 | tee "$build/sanitize-parity.log"; exit "${PIPESTATUS[0]}"); then
+    echo "== asan: cluster parity under mpirun, handful mode"
+    if (asan_env "$logdir"; bash "$root/tests/mpi_parity_test.sh" "$build/bin/colibri" "$fixtures" handful 2>&1 | tee "$build/sanitize-parity.log"; exit "${PIPESTATUS[0]}"); then
       parity="ok ($(tail -1 "$build/sanitize-parity.log"))"
     else
       parity="FAIL ($(tail -1 "$build/sanitize-parity.log"); see $build/sanitize-parity.log)"
@@ -291,8 +300,8 @@ stage_tsan() {
   (tsan_env "$logdir"; run_ctest "$log" -E "^($SKIP_ALWAYS|$SIGNALS_TEST)\$") || crc=1
   (tsan_env "$logdir"; run_signals "$log") || crc=1
   if command -v mpirun >/dev/null 2>&1; then
-    echo "== tsan: cluster parity, quick mode"
-    if (tsan_env "$logdir"; bash "$root/tests/mpi_parity_test.sh" "$build/bin/colibri" "$fixtures" quick 2>&1 | tee "$build/sanitize-parity.log"; exit "${PIPESTATUS[0]}"); then
+    echo "== tsan: cluster parity under mpirun, handful mode"
+    if (tsan_env "$logdir"; bash "$root/tests/mpi_parity_test.sh" "$build/bin/colibri" "$fixtures" handful 2>&1 | tee "$build/sanitize-parity.log"; exit "${PIPESTATUS[0]}"); then
       parity="ok ($(tail -1 "$build/sanitize-parity.log"))"
     else
       parity="FAIL ($(tail -1 "$build/sanitize-parity.log"); see $build/sanitize-parity.log)"

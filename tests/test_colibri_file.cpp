@@ -41,12 +41,12 @@ using test::reseal;
 using test::set_header;
 using test::TempDir;
 
-std::string read_bytes(const std::string& path) {
+std::string read_whole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-void write_bytes(const std::string& path, const std::string& bytes) {
+void write_whole(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   ASSERT_TRUE(out.good()) << "cannot write " << path;
@@ -188,7 +188,7 @@ TEST_F(ColibriFileTest, HeaderAndLayout) {
     EXPECT_EQ(h.reserved0, 0u);
     for (uint8_t b : h.reserved) EXPECT_EQ(b, 0);
 
-    const std::string raw = read_bytes(path);
+    const std::string raw = read_whole(path);
     ASSERT_EQ(raw.size(), h.file_size);
     EXPECT_EQ(checksum64(raw.data() + h.config_offset, h.data_offset - h.config_offset), h.meta_checksum);
     // The embedded config is exactly ModelConfig::to_json().
@@ -424,7 +424,7 @@ TEST_F(ColibriFileTest, ShardedAndFusedCheckpointsConvertIdentically) {
     const std::string out = d.file(std::string(variant) + ".colibri");
     convert_checkpoint(d.file(variant), out, co);
     auto f = ColibriFile::open(out);
-    EXPECT_TRUE(read_bytes(out) == read_bytes(model_path(DType::BF16))) << "not byte-identical";
+    EXPECT_TRUE(read_whole(out) == read_whole(model_path(DType::BF16))) << "not byte-identical";
     ASSERT_EQ(f->tensors().size(), ref->tensors().size());
     for (size_t i = 0; i < f->tensors().size(); ++i)
       EXPECT_EQ(f->tensors()[i].checksum, ref->tensors()[i].checksum) << f->tensors()[i].name;
@@ -523,9 +523,9 @@ TEST_F(ColibriFileTest, FailedConversionLeavesNothing) {
     EXPECT_FALSE(fs::exists(out));
     EXPECT_FALSE(test::temp_left(out));
     // An existing OUT is left untouched.
-    write_bytes(out, "previous contents");
+    write_whole(out, "previous contents");
     expect_error([&] { convert_checkpoint(in, out, ConvertOptions{}); }, c.status, c.needles);
-    EXPECT_EQ(read_bytes(out), "previous contents");
+    EXPECT_EQ(read_whole(out), "previous contents");
     EXPECT_FALSE(test::temp_left(out));
   }
   // Converting into an existing directory is refused before any work.
@@ -748,7 +748,7 @@ std::vector<Corruption> corruptions() {
 
 TEST_F(ColibriFileTest, CorruptedFilesAreRejected) {
   COLIBRI_SEED_TRACE(seed_);
-  const std::string good = read_bytes(model_path(DType::F32));
+  const std::string good = read_whole(model_path(DType::F32));
   ASSERT_NO_THROW(ColibriFile::open(model_path(DType::F32)));
   TempDir d;
   int i = 0;
@@ -758,7 +758,7 @@ TEST_F(ColibriFileTest, CorruptedFilesAreRejected) {
     c.corrupt(b);
     ASSERT_NE(b, good);
     const std::string path = d.file("bad" + std::to_string(i++) + ".colibri");
-    write_bytes(path, b);
+    write_whole(path, b);
     std::vector<std::string> needles = c.needles;
     needles.push_back(path);  // every message names the file
     expect_error([&] { ColibriFile::open(path); }, c.status, needles);
@@ -783,14 +783,14 @@ TEST_F(ColibriFileTest, CorruptedFilesAreRejected) {
 // Experts in two dtypes of the same size (bf16 and f16) pass the layout check
 // but not the single-dtype rule.
 TEST_F(ColibriFileTest, ExpertsInTwoDtypesAreRejected) {
-  std::string b = read_bytes(model_path(DType::BF16));
+  std::string b = read_whole(model_path(DType::BF16));
   ExpertRecord r = expert_rec(b, 3);
   ASSERT_EQ(r.dtype, static_cast<uint32_t>(DType::BF16));
   r.dtype = static_cast<uint32_t>(DType::F16);
   set_expert_rec(b, 3, r);
   reseal(b);
   TempDir d;
-  write_bytes(d.file("x.colibri"), b);
+  write_whole(d.file("x.colibri"), b);
   expect_error([&] { ColibriFile::open(d.file("x.colibri")); }, Status::Format, {"experts are stored in more than one dtype"});
 }
 
@@ -802,7 +802,7 @@ TEST_F(ColibriFileTest, ExpertsInTwoDtypesAreRejected) {
 // (numel > 2^40 before multiplying by a dimension of up to 2^32) lets the
 // product wrap (see the bug report); enable once the library is fixed.
 TEST_F(ColibriFileTest, ShapeWhoseElementCountWrapsIsRejected) {
-  std::string b = read_bytes(model_path(DType::F32));
+  std::string b = read_whole(model_path(DType::F32));
   edit_config(b, "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true ");
   TensorRecord r = tensor_rec(b, "output");
   r.ndim = 2;
@@ -813,14 +813,14 @@ TEST_F(ColibriFileTest, ShapeWhoseElementCountWrapsIsRejected) {
   set_tensor_rec(b, "output", r);
   reseal(b);
   TempDir d;
-  write_bytes(d.file("x.colibri"), b);
+  write_whole(d.file("x.colibri"), b);
   expect_error([&] { ColibriFile::open(d.file("x.colibri")); }, Status::Format, {"tensor 'output' is absurdly large"});
 }
 
 // A 1-dimension tensor of 2^32 elements is at the limit and still checked
 // against the bytes it claims (no wrap with one dimension).
 TEST_F(ColibriFileTest, LargestDimensionIsCheckedAgainstItsSize) {
-  std::string b = read_bytes(model_path(DType::F32));
+  std::string b = read_whole(model_path(DType::F32));
   edit_config(b, "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true ");
   TensorRecord r = tensor_rec(b, "output");
   r.ndim = 1;
@@ -828,7 +828,7 @@ TEST_F(ColibriFileTest, LargestDimensionIsCheckedAgainstItsSize) {
   set_tensor_rec(b, "output", r);
   reseal(b);
   TempDir d;
-  write_bytes(d.file("x.colibri"), b);
+  write_whole(d.file("x.colibri"), b);
   expect_error([&] { ColibriFile::open(d.file("x.colibri")); }, Status::Format,
                {"tensor 'output' size 262144 does not match its shape and dtype (17179869184 bytes)"});
 }
@@ -846,7 +846,7 @@ TEST_F(ColibriFileTest, InspectEscapesNamesFromTheFile) {
                                    {std::string("out\xff\xfeput"), "out\\xff\\xfeput"},
                                    {"out\\x1b[31mput", "out\\\\x1b[31mput"},
                                    {"a\x7f\xc2\x9b\xc3\xa9\x01", "a\\x7f\\xc2\\x9b\xc3\xa9\\x01"}};
-  const std::string good = read_bytes(model_path(DType::F32));
+  const std::string good = read_whole(model_path(DType::F32));
   TempDir d;
   int k = 0;
   for (const auto& c : cases) {
@@ -860,7 +860,7 @@ TEST_F(ColibriFileTest, InspectEscapesNamesFromTheFile) {
     set_tensor_rec(b, "output", r);
     reseal(b);
     const std::string path = d.file("names" + std::to_string(k++) + ".colibri");
-    write_bytes(path, b);
+    write_whole(path, b);
     auto f = ColibriFile::open(path);
     ASSERT_NE(f->find(c.raw), nullptr);
 
@@ -885,7 +885,7 @@ TEST_F(ColibriFileTest, InspectEscapesNamesFromTheFile) {
     // A checksum mismatch in that tensor: --verify's report and the error of a
     // command that loads the model name it escaped.
     b[tensor_rec(b, c.raw).offset] ^= 0x10;
-    write_bytes(path, b);
+    write_whole(path, b);
     for (const std::vector<std::string>& args : {std::vector<std::string>{"inspect", "--verify", path},
                                                  {"inspect", "--verify", "--json", path},
                                                  {"generate", "--model", path, "--prompt-ids", "1,2", "-n", "1"}}) {
@@ -912,14 +912,14 @@ TEST_F(ColibriFileTest, DenseDataCorruption) {
   std::mt19937_64 rng(seed_);
   for (DType dt : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(dt));
-    std::string b = read_bytes(model_path(dt));
+    std::string b = read_whole(model_path(dt));
     auto ref = ColibriFile::open(model_path(dt));
     const TensorView& t = ref->tensor("blk.1.attn_q");
     const uint64_t at = t.offset + std::uniform_int_distribution<uint64_t>(0, t.size - 1)(rng);
     b[at] ^= 0x20;
     TempDir d;
     const std::string path = d.file("x.colibri");
-    write_bytes(path, b);
+    write_whole(path, b);
     expect_error([&] { ColibriFile::open(path); }, Status::Checksum,
                  {path, "checksum mismatch in tensor 'blk.1.attn_q' (offset " + std::to_string(t.offset) + ")"});
     ColibriFile::Options lazy;
@@ -941,14 +941,14 @@ TEST_F(ColibriFileTest, ExpertBlockCorruption) {
   std::mt19937_64 rng(seed_);
   for (DType dt : {DType::F32, DType::F16}) {
     SCOPED_TRACE(dtype_name(dt));
-    std::string b = read_bytes(model_path(dt));
+    std::string b = read_whole(model_path(dt));
     auto ref = ColibriFile::open(model_path(dt));
     const ExpertView& x = ref->expert(1, 2);
     const uint64_t at = x.offset + std::uniform_int_distribution<uint64_t>(0, x.size - 1)(rng);
     b[at] ^= 0x01;
     TempDir d;
     const std::string path = d.file("x.colibri");
-    write_bytes(path, b);
+    write_whole(path, b);
     std::shared_ptr<ColibriFile> f;
     ASSERT_NO_THROW(f = ColibriFile::open(path)) << "expert blocks are verified lazily, not at open";
     for (const auto& e : f->experts()) {
@@ -965,7 +965,7 @@ TEST_F(ColibriFileTest, ExpertBlockCorruption) {
 TEST_F(ColibriFileTest, TruncatedFilesAreRejected) {
   COLIBRI_SEED_TRACE(seed_);
   std::mt19937_64 rng(seed_);
-  const std::string good = read_bytes(model_path(DType::BF16));
+  const std::string good = read_whole(model_path(DType::BF16));
   const FileHeader h = header_of(good);
   std::vector<size_t> cuts;
   for (size_t n = 0; n < 64; ++n) cuts.push_back(n);
@@ -982,7 +982,7 @@ TEST_F(ColibriFileTest, TruncatedFilesAreRejected) {
   for (size_t n : cuts) {
     ASSERT_LT(n, good.size());
     SCOPED_TRACE("truncated to " + std::to_string(n) + " of " + std::to_string(good.size()) + " bytes");
-    write_bytes(path, good.substr(0, n));
+    write_whole(path, good.substr(0, n));
     if (n < 128)
       expect_error([&] { ColibriFile::open(path); }, Status::Format,
                    {path, std::to_string(n) + " bytes, shorter than the 128-byte header"});

@@ -3,8 +3,10 @@
 // or the CPU, against transformers on the stored fixtures, with the bf16
 // tolerances of the CPU engine (test_parity.cpp's Bf16WithinStatedTolerance):
 // the GPU holds the matrices in bf16 as a bf16 file does, and rounds the
-// activations to bf16 before each product as well. Without a GPU these tests
-// are skipped (and counted so); the refusal without one is tested here.
+// activations to bf16 before each product as well. They are compiled only where
+// a GPU (or the emulator's) can run them (COLIBRI_GPU_CASES below); where none is
+// found at run time they are skipped (and counted so). The refusal without one
+// is tested here.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -20,6 +22,11 @@ namespace {
 
 
 
+// COLIBRI_GPU_CASES (tests/CMakeLists.txt): the cases that need a GPU are
+// compiled where one can run them: in the emulator's binary (colibri_emu_tests,
+// cuda.emulated.engine) always, and in colibri_tests only when it is built for a
+// GPU (CUDA, COLIBRI_GPU_TESTS). A CPU-only binary would only skip them.
+#if COLIBRI_GPU_CASES
 // Prompt logits within the CPU bf16 engine's tolerances (median 2e-2, 95% 4e-2)
 // and the generated tokens of the right count.
 void expect_bf16_parity(const Fixture& fx, const std::vector<SequenceOutput>& out) {
@@ -63,7 +70,11 @@ class CudaEngine : public ::testing::TestWithParam<std::string> {
   }
 };
 
+#endif  // COLIBRI_GPU_CASES
+
 }  // namespace
+
+#if COLIBRI_GPU_CASES
 
 // Everything on the GPU: dense part and experts (the experts of a bf16 file),
 // the MoE rows on the device throughout, with the CPU's routing replayed (see
@@ -153,6 +164,8 @@ TEST(CudaEngineAll, GraphsGiveBitwiseTheSameResults) {
   }
 }
 
+#endif  // COLIBRI_GPU_CASES
+
 // Without a GPU (or without CUDA in the build) the engine refuses at once
 // with a clear message and Unsupported: nothing half-built, no crash.
 TEST(CudaEngineRefusal, NoGpuIsAClearError) {
@@ -168,5 +181,7 @@ TEST(CudaEngineRefusal, NoGpuIsAClearError) {
   }
 }
 
+#if COLIBRI_GPU_CASES
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngine, ::testing::ValuesIn(unquantised_fixtures()),
                          [](const auto& info) { return info.param; });
+#endif

@@ -5,7 +5,8 @@
 // loads and computations never reads a slot being overwritten (checked against
 // the stream/event rules the device side follows). With a GPU: a Worker on the
 // GPU with a budget of 1-3 experts against the CPU Worker (bf16 tolerance) and
-// the CPU store's cache figures; skipped without one.
+// the CPU store's cache figures; compiled only where a GPU (or the emulator's)
+// can run them (COLIBRI_GPU_CASES, see test_cuda_engine.cpp), skipped without one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -392,6 +393,7 @@ TEST(GpuTier, WorkerWithABudgetAndNoGpuRefusesForTheMissingGpu) {
   }
 }
 
+#if COLIBRI_GPU_CASES  // the cases below need a GPU: see test_cuda_engine.cpp
 namespace {
 
 struct LayerRun {
@@ -522,3 +524,4 @@ TEST(GpuTier, WorkerByteBudgetCountsPackedExperts) {
   expect_error([&] { Worker bad(file, pl, 0, 1, 8, o); }, Status::InvalidArgument, {"smaller than one expert"});
 #endif
 }
+#endif  // COLIBRI_GPU_CASES

@@ -50,13 +50,19 @@ ParityResult check_fixture(const Fixture& fx, const std::string& path) {
 class Parity : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
   void SetUp() override {
-    const std::string& isa = std::get<1>(GetParam());
+    // "default": the kernels this CPU runs by default (kernels::default_kernels).
+    const std::string isa = std::get<1>(GetParam()) == "default" ? std::string(kernels::default_kernels().name)
+                                                                 : std::get<1>(GetParam());
     if (isa == "avx2" && !kernels::cpu_has_avx2()) GTEST_SKIP() << "CPU lacks AVX2/FMA/F16C";
     if (isa == "avx512" && !kernels::cpu_has_avx512()) GTEST_SKIP() << "CPU lacks AVX-512 F/BW/VL/DQ";
     ASSERT_TRUE(kernels::select(isa.c_str()));
   }
   void TearDown() override { kernels::select(kernels::default_kernels().name); }
 };
+// The bf16 and f16 storage variants run on the default kernels only: every ISA's
+// kernels are checked against transformers by the f32 test above (and against
+// the scalar reference for every dtype by test_kernels.cpp).
+class ParityStorage : public Parity {};
 
 }  // namespace
 
@@ -83,7 +89,7 @@ TEST_P(Parity, F32MatchesTransformers) {
 // 0.86 at the last position of mixtral_b prompt 2, top-1 routing). So: the median
 // position within 2e-2, at least 95% of positions within 4e-2. A wrong layout or
 // a dropped term gives errors of order 1 at every position.
-TEST_P(Parity, Bf16WithinStatedTolerance) {
+TEST_P(ParityStorage, Bf16WithinStatedTolerance) {
   Fixture fx(std::get<0>(GetParam()));
   TempDir tmp;
   const auto rel = sorted_prompt_errors(fx, run_engine(fx.convert(tmp, DType::BF16), fx.requests()));
@@ -141,7 +147,7 @@ TEST_P(ParityRounded, Bf16EqualsF32OnRoundedWeights) {
 // decision with a gap below the rounding flips: once in these fixtures
 // (qwen2_moe_b, prompt 2 position 1, MoE layer 1, gap ~1e-4: 4.7e-2 there).
 // So: 95% of positions within 5e-3, none above 0.1, top-1 identical everywhere.
-TEST_P(Parity, F16WithinStatedTolerance) {
+TEST_P(ParityStorage, F16WithinStatedTolerance) {
   Fixture fx(std::get<0>(GetParam()));
   TempDir tmp;
   auto out = run_engine(fx.convert(tmp, DType::F16), fx.requests());
@@ -161,7 +167,10 @@ TEST_P(Parity, F16WithinStatedTolerance) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ParityRounded,
-                         ::testing::Combine(::testing::ValuesIn(unquantised_fixtures()), ::testing::Values("avx512", "avx2", "generic")),
+                         ::testing::Combine(::testing::ValuesIn(unquantised_fixtures()), ::testing::Values("default")),
+                         [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+INSTANTIATE_TEST_SUITE_P(Fixtures, ParityStorage,
+                         ::testing::Combine(::testing::ValuesIn(fixture_names()), ::testing::Values("default")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
                          ::testing::Combine(::testing::ValuesIn(fixture_names()), ::testing::Values("avx512", "avx2", "generic")),

@@ -19,12 +19,12 @@ namespace {
 
 using test::TempDir;
 
-void write_text(const std::string& path, const std::string& text) {
+void write_trace_text(const std::string& path, const std::string& text) {
   std::ofstream o(path, std::ios::binary);
   o << text;
 }
 
-std::string real_trace(const std::string& name) {
+std::string real_trace_path(const std::string& name) {
   return std::string(COLIBRI_FIXTURES_DIR) + "/../../../shared/traces/mixtral-8x7b/" + name;
 }
 
@@ -147,7 +147,7 @@ TEST(RoutingTrace, WriterRejectsBadRows) {
 TEST(RoutingTrace, ReaderPutsOurRowsInTimeOrder) {
   TempDir dir;
   const std::string path = dir.file("t.jsonl");
-  write_text(path,
+  write_trace_text(path,
              "{\"format\":\"colibri-routing\",\"version\":1,\"num_layers\":2,\"num_experts\":4,\"top_k\":1}\n"
              "{\"step\":1,\"layer\":0,\"seq\":0,\"pos\":2,\"experts\":[3],\"weights\":[1]}\n"
              "{\"step\":0,\"layer\":1,\"seq\":0,\"pos\":0,\"experts\":[2],\"weights\":[1]}\n"
@@ -215,10 +215,10 @@ TEST(RoutingTrace, MalformedLinesNameFileAndLine) {
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string path = dir.file("bad.jsonl");
-    write_text(path, c.text);
+    write_trace_text(path, c.text);
     expect_error([&] { read_routing_trace(path); }, Status::Format, {path + ":" + std::to_string(c.line) + ": ", c.fragment});
   }
-  write_text(dir.file("empty.jsonl"), "\n\n");
+  write_trace_text(dir.file("empty.jsonl"), "\n\n");
   expect_error([&] { read_routing_trace(dir.file("empty.jsonl")); }, Status::Format, {"is empty"});
 }
 
@@ -240,7 +240,7 @@ TEST(RoutingTrace, ImportTimeOrderedSteps) {
   s += mrow(7, 1, "token_pos", 0, 3, 4);
   s += mrow(7, 0, "token_pos", 0, 0, 6);
   TempDir dir;
-  write_text(dir.file("m.jsonl"), s);
+  write_trace_text(dir.file("m.jsonl"), s);
   auto t = read_routing_trace(dir.file("m.jsonl"));
   EXPECT_EQ(t.format, "mixtral-jsonl");
   EXPECT_EQ(t.num_layers, 2);
@@ -262,7 +262,7 @@ TEST(RoutingTrace, ImportGroupedIsSortedTokenByToken) {
     for (int l = 0; l < 2; ++l)
       for (int p = 0; p < 2; ++p) s += mrow(prob, l, "token_idx", p, l, 2 + p);
   TempDir dir;
-  write_text(dir.file("g.jsonl"), s);
+  write_trace_text(dir.file("g.jsonl"), s);
   auto t = read_routing_trace(dir.file("g.jsonl"));
   ASSERT_EQ(t.records.size(), 8u);
   std::vector<std::tuple<int64_t, int32_t, int32_t, int32_t>> want = {
@@ -274,7 +274,7 @@ TEST(RoutingTrace, ImportGroupedIsSortedTokenByToken) {
 // ---- the real Mixtral-8x7B traces -------------------------------------------
 
 TEST(RoutingTrace, RealHumanEval0IsPrefillThenDecodeSteps) {
-  const std::string path = real_trace("humaneval0_routing_raw.jsonl");
+  const std::string path = real_trace_path("humaneval0_routing_raw.jsonl");
   SKIP_WITHOUT(path);
   auto t = read_routing_trace(path);
   EXPECT_EQ(t.format, "mixtral-jsonl");
@@ -314,7 +314,7 @@ TEST(RoutingTrace, RealHumanEval0IsPrefillThenDecodeSteps) {
 }
 
 void check_grouped(const std::string& name, size_t rows, size_t tokens, size_t layer0) {
-  const std::string path = real_trace(name);
+  const std::string path = real_trace_path(name);
   SKIP_WITHOUT(path);
   auto t = read_routing_trace(path);
   EXPECT_EQ(t.records.size(), rows);  // README
@@ -440,7 +440,7 @@ TEST(ExpertStats, LoadValidates) {
   TempDir dir;
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
-    write_text(dir.file("s.json"), c.text);
+    write_trace_text(dir.file("s.json"), c.text);
     expect_error([&] { load_expert_stats(dir.file("s.json")); }, Status::Format, {dir.file("s.json"), c.fragment});
   }
   expect_error([] { load_expert_stats("/nonexistent/stats.json"); }, Status::Io, {"/nonexistent/stats.json"});

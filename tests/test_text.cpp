@@ -24,7 +24,7 @@ using test::expect_error;
 
 std::string tok_dir(const std::string& name) { return test::fixtures_dir() + "/tokenizers/" + name; }
 
-std::string read_file(const std::string& p) {
+std::string read_whole_file(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
@@ -34,7 +34,7 @@ std::string read_file(const std::string& p) {
 std::unique_ptr<Tokenizer> qwen2_tokenizer() {
   const std::string f = tok_dir("qwen2_bpe") + "/tokenizer.json";
   if (!fs::exists(f)) return nullptr;
-  return Tokenizer::load(TokenizerKind::HfJson, read_file(f), TokenizerOptions{});
+  return Tokenizer::load(TokenizerKind::HfJson, read_whole_file(f), TokenizerOptions{});
 }
 
 bool valid_utf8(const std::string& s) { return detail::utf8_valid(s); }
@@ -152,7 +152,7 @@ TEST(TextFile, GenerateStreamsDecodeOfItsIds) {
   auto file = ColibriFile::open(m);
   ASSERT_TRUE(file->has_tokenizer());
   EXPECT_EQ(file->config().tokenizer.kind, "hf_json");
-  EXPECT_EQ(file->tokenizer_bytes(), read_file(fx + "/tokenizer.json")) << "the file's bytes, unchanged";
+  EXPECT_EQ(file->tokenizer_bytes(), read_whole_file(fx + "/tokenizer.json")) << "the file's bytes, unchanged";
   auto tok = open_tokenizer(*file);
   EXPECT_EQ(tok->vocab_size(), file->config().tokenizer.vocab_size);
 
@@ -182,7 +182,7 @@ TEST(TextFile, SentencePieceLegacyComesFromTokenizerConfig) {
   // encode as the one loaded with the same setting.
   const std::string fx = tok_dir("llama_spm");
   if (!fs::exists(fx + "/tokenizer.model")) GTEST_SKIP() << "no llama_spm fixture";
-  const std::string model = read_file(fx + "/tokenizer.model");
+  const std::string model = read_whole_file(fx + "/tokenizer.model");
   const std::string text = "Hello</s>world <s>again";
   TokenizerOptions o;
   o.legacy = false;
@@ -197,7 +197,7 @@ TEST(TextFile, SentencePieceLegacyComesFromTokenizerConfig) {
                                  tmp.file("hf"), "--log-level", "warn"});
     ASSERT_EQ(r.code, 0) << r.err;
     fs::copy_file(fx + "/tokenizer.model", tmp.file("hf/tokenizer.model"));
-    nlohmann::json tc = nlohmann::json::parse(read_file(fx + "/tokenizer_config.json"));
+    nlohmann::json tc = nlohmann::json::parse(read_whole_file(fx + "/tokenizer_config.json"));
     tc["legacy"] = legacy;
     std::ofstream(tmp.file("hf/tokenizer_config.json")) << tc.dump();
     r = test::run_cli(tmp, {"convert", tmp.file("hf"), tmp.file("m.colibri"), "--log-level", "warn"});
