@@ -353,13 +353,19 @@ TEST(Kernels, TablesFollowTheArchitecture) {
   EXPECT_EQ(kernels::cpu_has_avx2(), __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                                          __builtin_cpu_supports("f16c"));
   const char* widest = kernels::cpu_has_avx512() ? "avx512" : kernels::cpu_has_avx2() ? "avx2" : "generic";
-  if (!std::getenv("COLIBRI_KERNELS")) EXPECT_STREQ(kernels::default_kernels().name, widest);
+  if (!std::getenv("COLIBRI_KERNELS")) {
+    EXPECT_STREQ(kernels::default_kernels().name, widest);
+  }
   if (kernels::cpu_has_avx2()) {
     EXPECT_STREQ(kernels::avx2_table().name, "avx2");
     EXPECT_STREQ(qkernels::avx2_table().name, "avx2");
   }
-  if (kernels::cpu_has_avx512()) EXPECT_STREQ(kernels::avx512_table().name, "avx512");
-  if (qkernels::cpu_has_avx512()) EXPECT_STREQ(qkernels::avx512_table().name, "avx512");
+  if (kernels::cpu_has_avx512()) {
+    EXPECT_STREQ(kernels::avx512_table().name, "avx512");
+  }
+  if (qkernels::cpu_has_avx512()) {
+    EXPECT_STREQ(qkernels::avx512_table().name, "avx512");
+  }
 #else
   EXPECT_EQ(COLIBRI_X86_KERNELS, 0);
   EXPECT_FALSE(kernels::cpu_has_avx2());

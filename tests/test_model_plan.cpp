@@ -1,9 +1,14 @@
 // test_model_plan.cpp: the per-layer plan (coordinator/model_plan.h) that the
 // one model definition runs on both backends: each family's features resolved
-// to the right enums from its config and tensors.
+// to the right enums from its config and tensors, and a file whose tensors
+// contradict its config refused.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+
 #include "coordinator/model_plan.h"
+#include "tests/file_edit.h"
 #include "tests/fixture.h"
 
 using namespace colibri;
@@ -71,5 +76,39 @@ TEST(ModelPlan, EachFamilyResolvesToItsFeatures) {
     EXPECT_TRUE(p.layer[0].bias_q && p.layer[0].bias_o);
     EXPECT_TRUE(p.layer[0].router_bias);
     EXPECT_EQ(p.route.scoring, RouteScoring::TopkSoftmax);
+  }
+}
+
+// A file whose tensors contradict each other (a per-head q norm without its k
+// norm: the name of blk.0.attn_k_norm changed, the checksum resealed) is refused
+// with a Format error naming what is missing, whether the file's own checks or
+// the plan find it first.
+TEST(ModelPlan, AQNormWithoutItsKNormIsRefused) {
+  Fixture fx("qwen3_moe_a");
+  TempDir tmp;
+  const std::string path = fx.convert(tmp, DType::F32);
+  std::string b;
+  {
+    std::ifstream in(path, std::ios::binary);
+    b.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t p = b.find("blk.0.attn_k_norm");
+  ASSERT_NE(p, std::string::npos);
+  b.replace(p, 17, "blk.0.attn_k_nrm_");
+  reseal(b);
+  const std::string bad = tmp.file("bad.colibri");
+  {
+    std::ofstream out(bad, std::ios::binary);
+    out.write(b.data(), static_cast<std::streamsize>(b.size()));
+  }
+  try {
+    auto f = ColibriFile::open(bad);
+    (void)ModelPlan::of(*f);
+    FAIL() << "a q norm without its k norm was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Format) << e.what();
+    const std::string m = e.what();
+    EXPECT_TRUE(m.find("k_norm") != std::string::npos || m.find("k norm") != std::string::npos) << m;
+    std::printf("refused: %s\n", e.what());
   }
 }

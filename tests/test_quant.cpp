@@ -551,7 +551,9 @@ std::string convert_quantised(const test::Fixture& fx, const test::TempDir& tmp,
   EXPECT_EQ(r.expert_quant, experts);
   EXPECT_EQ(r.dense_quant, dense);
   EXPECT_EQ(r.group_size, g);
-  if (dense != QuantType::None) EXPECT_GT(r.dense_quantised, 0);
+  if (dense != QuantType::None) {
+    EXPECT_GT(r.dense_quantised, 0);
+  }
   return out;
 }
 std::string convert_quant(const test::Fixture& fx, const test::TempDir& tmp, QuantType t, int64_t g,
