@@ -65,11 +65,7 @@ class ThreadCommunicator final : public Communicator {
   void alltoallv(const void* send, const uint64_t* send_bytes, const uint64_t* send_offsets, void* recv,
                  const uint64_t* recv_bytes, const uint64_t* recv_offsets) override {
     ++stats_.collectives;
-    Post p;
-    p.op = Op::AllToAllV;
-    p.send = send;
-    p.send_bytes = send_bytes;
-    p.send_offsets = send_offsets;
+    Post p{Op::AllToAllV, send, send_bytes, send_offsets, 0, -1};
     arrive(&p, "the all-to-all exchange", timeout_s_, -1);
     for (int r = 0; r < w_->size; ++r) {
       const Post& q = peer(r, Op::AllToAllV, -1);
@@ -90,10 +86,7 @@ class ThreadCommunicator final : public Communicator {
 
   void alltoall(const void* send, void* recv, size_t bytes) override {
     ++stats_.collectives;
-    Post p;
-    p.op = Op::AllToAll;
-    p.send = send;
-    p.bytes = bytes;
+    Post p{Op::AllToAll, send, nullptr, nullptr, bytes, -1};
     arrive(&p, "the all-to-all exchange of counts", timeout_s_, -1);
     for (int r = 0; r < w_->size; ++r) {
       const Post& q = peer(r, Op::AllToAll, -1);
@@ -116,11 +109,7 @@ class ThreadCommunicator final : public Communicator {
   void broadcast(void* data, size_t bytes, int root) override {
     check_root(root);
     ++stats_.collectives;
-    Post p;
-    p.op = Op::Broadcast;
-    p.send = data;
-    p.bytes = bytes;
-    p.root = root;
+    Post p{Op::Broadcast, data, nullptr, nullptr, bytes, root};
     // NOTE: as over MPI, a rank receiving a broadcast waits without a deadline:
     // a worker is idle between the coordinator's commands.
     arrive(&p, "a broadcast from rank", rank_ != root ? 0.0 : timeout_s_, root);
@@ -138,11 +127,7 @@ class ThreadCommunicator final : public Communicator {
   void gather(const void* send, size_t bytes, void* recv, int root) override {
     check_root(root);
     ++stats_.collectives;
-    Post p;
-    p.op = Op::Gather;
-    p.send = send;
-    p.bytes = bytes;
-    p.root = root;
+    Post p{Op::Gather, send, nullptr, nullptr, bytes, root};
     arrive(&p, "a gather to rank", timeout_s_, root);
     for (int r = 0; r < w_->size; ++r) {
       const Post& q = peer(r, Op::Gather, root);
@@ -156,8 +141,7 @@ class ThreadCommunicator final : public Communicator {
 
   void barrier() override {
     ++stats_.collectives;
-    Post p;
-    p.op = Op::Barrier;
+    Post p{};  // Op::Barrier
     arrive(&p, "a barrier", timeout_s_, -1);
     for (int r = 0; r < w_->size; ++r) peer(r, Op::Barrier, -1);
     // NOTE: a second phase, so that no rank posts its next collective while a

@@ -94,7 +94,6 @@ struct MoeIo {
 class DenseBackend {
  public:
   virtual ~DenseBackend() = default;
-  virtual const char* name() const = 0;
   virtual float* act(Act a) = 0;
   virtual uint64_t kv_cache_bytes() const = 0;
 
@@ -142,8 +141,9 @@ class DenseBackend {
   virtual MoeIo moe_inputs(int layer, int64_t rows) = 0;
   // The routed experts' combined output (MoeIo::out) is in place: into Act::Moe.
   virtual void moe_output(int64_t rows) = 0;
-  // dst[j] = x[i] for the j-th row i that wants logits; returns their count.
-  virtual int64_t gather_wanted(const float* x, int64_t ldx, float* dst, int64_t ld) = 0;
+  // dst[j] = x[i] (hidden wide, dst rows contiguous) for the j-th row i that
+  // wants logits; returns their count.
+  virtual int64_t gather_wanted(const float* x, int64_t ldx, float* dst) = 0;
   // logits[j] (host memory, [m][vocab]) = LM head of normalised rows x[0, m);
   // ends the pass.
   virtual void lm_head(const float* x, int64_t m, float* logits) = 0;

@@ -46,6 +46,11 @@ class CpuBackend final : public DenseBackend {
       final_norm_.resize(static_cast<size_t>(t.numel()));
       kernels::to_f32(t.data, t.dtype, t.numel(), final_norm_.data());
     }
+    // The per-head products (linear_heads) run on stored f32/f16/bf16 matrices.
+    for (const LayerWeights& w : layers_)
+      for (const TensorView* t : {w.wk_b, w.wv_b})
+        if (t && t->quant != QuantType::None)
+          throw Error(Status::Unsupported, "'" + t->name + "' is quantised; per-head products take f32, f16 or bf16");
     kv_ = std::make_unique<KVCache>(p_.layers, o.max_batch, o.max_ctx, p_.kv_width, p_.v_width);
     const int64_t R = o.rows_cap, H = p_.hidden, NH = p_.heads;
     const bool latent = p_.kv_lora_rank > 0;
@@ -73,7 +78,6 @@ class CpuBackend final : public DenseBackend {
     }
   }
 
-  const char* name() const override { return "cpu"; }
   float* act(Act a) override { return buf(a).data(); }
   uint64_t kv_cache_bytes() const override { return kv_->bytes(); }
   const float* host(const float* p) const override { return p; }
@@ -135,9 +139,7 @@ class CpuBackend final : public DenseBackend {
   // Every head's product in one parallel region (each bitwise kernels::gemm's).
   void linear_heads(const float* x, int64_t ldx, int64_t xhs, int64_t rows, MatRef w, int64_t heads, int64_t in,
                     int64_t out, float* y, int64_t ldy, int64_t yhs) override {
-    const TensorView& t = mat(w);
-    if (t.quant != QuantType::None)
-      throw Error(Status::Unsupported, "'" + t.name + "' is quantised; per-head products take f32, f16 or bf16");
+    const TensorView& t = mat(w);  // never quantised: checked at construction
     const size_t head_bytes = static_cast<size_t>(in * out) * dtype_size(t.dtype);
     for (int64_t h = 0; h < heads; ++h)
       head_jobs_[static_cast<size_t>(h)] = {x + h * xhs, ldx, rows, t.data + h * head_bytes, t.dtype, in, out,
@@ -235,10 +237,10 @@ class CpuBackend final : public DenseBackend {
   }
   void moe_output(int64_t) override {}
 
-  int64_t gather_wanted(const float* x, int64_t ldx, float* dst, int64_t ld) override {
+  int64_t gather_wanted(const float* x, int64_t ldx, float* dst) override {
     int64_t m = 0;
     for (int64_t i = 0; i < n_; ++i)
-      if (want_[i]) std::memcpy(dst + (m++) * ld, x + i * ldx, static_cast<size_t>(p_.hidden) * sizeof(float));
+      if (want_[i]) std::memcpy(dst + (m++) * p_.hidden, x + i * ldx, static_cast<size_t>(p_.hidden) * sizeof(float));
     return m;
   }
 

@@ -219,7 +219,6 @@ class CudaBackend final : public DenseBackend {
     if (stream_) stream_->drain();  // nothing in flight reads what is freed below
   }
 
-  const char* name() const override { return "cuda"; }
   float* act(Act a) override { return buf(a).as<float>(); }
   uint64_t kv_cache_bytes() const override { return kv_bytes_; }
   const float* host(const float*) const override { return nullptr; }
@@ -426,11 +425,10 @@ class CudaBackend final : public DenseBackend {
     issue([=, this] { cuda::copy_async(out, src, bytes, cuda::Copy::HostToDevice, s_); });
   }
 
-  int64_t gather_wanted(const float* x, int64_t ldx, float* dst, int64_t ld) override {
+  int64_t gather_wanted(const float* x, int64_t ldx, float* dst) override {
     const int64_t m = m_, H = p_.hidden;
     const int32_t* want = d_want_;
     if (m > 0) issue([=, this] { cuda::permute_rows(x, ldx, want, m, 1, H, dst, s_); });
-    (void)ld;
     return m;
   }
 

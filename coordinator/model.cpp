@@ -140,7 +140,7 @@ void forward_pass(const ModelPlan& p, DenseBackend& b, ForwardHost& host, int64_
     b.lap(Stage::Dense);
   }
   float* g = b.act(Act::Gathered);
-  const int64_t m = b.gather_wanted(x, H, g, H);
+  const int64_t m = b.gather_wanted(x, H, g);
   if (m > 0) b.rmsnorm(g, H, -1, Vec::FinalNorm, g, H, m, H, p.eps);
   b.lm_head(g, m, logits);
 }

@@ -19,22 +19,6 @@
 
 namespace colibri::cli {
 
-namespace {
-
-// Top `limit` keys by load among all experts (pinned cache policy).
-std::vector<uint64_t> hottest_keys(const ExpertStats& st, size_t limit) {
-  std::vector<std::pair<uint64_t, uint64_t>> v;  // (load, key)
-  for (int l = 0; l < st.num_layers; ++l)
-    for (int e = 0; e < st.num_experts; ++e)
-      v.push_back({st.load[static_cast<size_t>(l)][static_cast<size_t>(e)], static_cast<uint64_t>(l) * st.num_experts + e});
-  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  std::vector<uint64_t> k;
-  for (size_t i = 0; i < v.size() && i < limit; ++i) k.push_back(v[i].second);
-  return k;
-}
-
-}  // namespace
-
 void add_cluster_options(cxxopts::Options& o, bool one_process) {
   // colibri generate: the options it refuses (refuse_cluster_only_options) say so.
   // NOTE: at the start of the description, where --help keeps it on the option's line.
@@ -198,7 +182,7 @@ ExpertSetup expert_setup(const cxxopts::ParseResult& r, const ColibriFile& file,
       throw Error(Status::InvalidArgument, "--stats describes " + std::to_string(es.stats->num_layers) + " layers x " +
                                                std::to_string(es.stats->num_experts) + " experts, the model has " +
                                                std::to_string(L) + " x " + std::to_string(E));
-    so.pinned = hottest_keys(*es.stats, file.experts().size());
+    so.pinned = hottest_experts(*es.stats, file.experts().size());
   }
   if (rank == 0 && r.count("routing-replay")) {
     es.replay_path = r["routing-replay"].as<std::string>();

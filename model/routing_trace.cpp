@@ -582,4 +582,15 @@ void RoutingReplay::next(int layer, int64_t n, int32_t* experts, float* weights)
 
 void RoutingReplay::rewind() { std::fill(cursor_.begin(), cursor_.end(), 0); }
 
+std::vector<uint64_t> hottest_experts(const ExpertStats& st, size_t limit) {
+  std::vector<std::pair<uint64_t, uint64_t>> v;  // (load, key)
+  for (int l = 0; l < st.num_layers; ++l)
+    for (int e = 0; e < st.num_experts; ++e)
+      v.push_back({st.load[static_cast<size_t>(l)][static_cast<size_t>(e)], static_cast<uint64_t>(l) * st.num_experts + e});
+  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<uint64_t> k;
+  for (size_t i = 0; i < v.size() && i < limit; ++i) k.push_back(v[i].second);
+  return k;
+}
+
 }  // namespace colibri

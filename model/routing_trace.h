@@ -126,5 +126,8 @@ void save_expert_stats(const ExpertStats& s, const std::string& path);
 // Validates format/version, dimensions > 0, the load matrix shape and that every
 // count is a non-negative integer. Throws Error(Io|Format).
 ExpertStats load_expert_stats(const std::string& path);
+// The keys (layer * num_experts + expert) of the `limit` most loaded experts,
+// most loaded first, ties in key order: what the pinned cache policy keeps.
+std::vector<uint64_t> hottest_experts(const ExpertStats& st, size_t limit);
 
 }  // namespace colibri

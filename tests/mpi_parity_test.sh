@@ -138,24 +138,7 @@ import json; [print(','.join(map(str,p))) for p in json.load(open('$fixtures/$fx
   # Traffic: with the coordinator hosting no experts every (token, expert) row
   # crosses the wire exactly once (tokens x top-k x layers), and apart from the
   # per-layer counts nothing else is sent: not the whole batch per rank.
-  "${mpirun_base[@]}" -np 3 "$colibri" run "${common[@]}" --policy round_robin > "$work/x.txt" 2>/dev/null
-  read -r passes tokens rows rowbytes countbytes total < <(sed -nE 's/^exchange: ([0-9]+) forward passes, ([0-9]+) tokens, ([0-9]+) .* = ([0-9]+) row bytes, ([0-9]+) count bytes, ([0-9]+) bytes.*/\1 \2 \3 \4 \5 \6/p' "$work/x.txt")
-  cfg=$("$colibri" inspect "$model" --json | python3 -c "import json,sys; c=json.load(sys.stdin)['config']; print(c['experts_per_token'], c['num_layers'], c['hidden_size'], c['num_experts'])" 2>/dev/null || echo "")
-  if [ -z "$cfg" ]; then
-    echo "FAIL $fx traffic: cannot read the model's config with inspect --json"; fail=$((fail + 1))
-  else
-    read -r k layers hidden experts <<< "$cfg"
-    runs=$((runs + 1))
-    want_rows=$((tokens * k * layers))
-    want_counts=$((passes * layers * 2 * experts * 4))   # to 2 workers, E uint32 counts each, per layer
-    if [ "$rows" = "$want_rows" ] && [ "$rowbytes" = $((want_rows * hidden * 4)) ] && [ "$countbytes" = "$want_counts" ] && \
-       [ "$total" = $((rowbytes + countbytes)) ]; then
-      echo "ok   $fx traffic: $rows rows = tokens $tokens x k $k x layers $layers, $total bytes = rows + counts"
-    else
-      echo "FAIL $fx traffic: rows $rows (want $want_rows), row bytes $rowbytes, count bytes $countbytes (want $want_counts), total $total"
-      fail=$((fail + 1))
-    fi
-  fi
+  traffic_check "$fx"
   check "$fx np=3 UCX" "${mpirun_base[@]}" "${ucx[@]}" -np 3 "$colibri" run "${common[@]}" --policy balanced --stats "$work/stats.json"
 done
 # The other families (dense-then-MoE layers, shared experts, grouped and biased

@@ -60,18 +60,6 @@ struct Result {
   std::vector<cluster::RankReport> reports;
 };
 
-// The pinned policy's keys: the `limit` hottest experts (launcher/cluster_setup.cpp's rule).
-std::vector<uint64_t> hottest_keys(const ExpertStats& st, size_t limit) {
-  std::vector<std::pair<uint64_t, uint64_t>> v;  // (load, key)
-  for (int l = 0; l < st.num_layers; ++l)
-    for (int e = 0; e < st.num_experts; ++e)
-      v.push_back({st.load[static_cast<size_t>(l)][static_cast<size_t>(e)], static_cast<uint64_t>(l) * st.num_experts + e});
-  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  std::vector<uint64_t> k;
-  for (size_t i = 0; i < v.size() && i < limit; ++i) k.push_back(v[i].second);
-  return k;
-}
-
 // This thread's OpenMP threads for a scope (mpirun's ranks on this machine get
 // one core each; the engine's results do not depend on the count).
 class ThreadsFor {
@@ -142,7 +130,7 @@ class Model {
     ExpertStoreOptions so;
     so.budget_experts = run.cache_experts;
     so.policy = run.cache_policy;
-    if (so.policy == "pinned") so.pinned = hottest_keys(stats_, files[0]->experts().size());
+    if (so.policy == "pinned") so.pinned = hottest_experts(stats_, files[0]->experts().size());
 
     auto comms = make_thread_communicators(np);
     for (auto& c : comms) c->set_timeout(120);

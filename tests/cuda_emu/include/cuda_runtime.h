@@ -90,7 +90,6 @@ inline Runtime rt;
 inline thread_local cudaError_t last_error = cudaSuccess;
 
 inline cudaError_t err(cudaError_t e) {
-  emu::RuntimeScope emu_runtime_scope_;
   if (e != cudaSuccess) last_error = e;
   return e;
 }
