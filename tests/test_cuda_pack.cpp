@@ -1,10 +1,13 @@
 // test_cuda_pack.cpp: packing an FFN's host weights into the GPU layout
 // (kernels/cuda/ffn_pack.h). Host code: runs without a GPU. The kernels
 // themselves are checked by tests/cuda_check.cu (ctest cuda.check) on a GPU.
+#include <cublasLt.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -100,3 +103,27 @@ TEST(CudaPack, RefusesWhatTheGpuFfnCannotTake) {
 
 }  // namespace
 }  // namespace colibri
+
+// cuBLASLt is loaded on first use (kernels/cuda/cublaslt_loader.cpp): a process
+// that never calls it never maps the 540 MB library, and the first call loads
+// it and reaches its real functions.
+namespace {
+bool cublaslt_mapped() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find("libcublasLt.so") != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+TEST(CublasLtLoader, LoadsTheLibraryOnFirstCallOnly) {
+  // NOTE: GoogleTest runs each case in its own process under CTest; run alone
+  // (a filter), no earlier case has called cuBLASLt either.
+  if (::testing::UnitTest::GetInstance()->test_to_run_count() > 1) GTEST_SKIP() << "run alone (ctest runs each case alone)";
+  EXPECT_FALSE(cublaslt_mapped()) << "libcublasLt is mapped before any call";
+  // Answered by the library itself (the loader alone knows no status names).
+  EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_INVALID_VALUE), "CUBLAS_STATUS_INVALID_VALUE");
+  EXPECT_TRUE(cublaslt_mapped()) << "the first call did not load libcublasLt";
+  EXPECT_NE(std::string(cublasLtGetStatusString(CUBLAS_STATUS_SUCCESS)), "");
+}
