@@ -1318,7 +1318,8 @@ int bench_tokenizer(const cxxopts::ParseResult& r) {
     text = read_input(source, "--text-file");
     if (text.empty()) bad_arg("--text-file '" + source + "' is empty");
   } else {
-    text = synthetic_text(4u << 20);
+    const int64_t kib = option_or(r, "text-kib", 4096, Range<int64_t>{1, 1 << 20});
+    text = synthetic_text(static_cast<size_t>(kib) << 10);
   }
   using clock = std::chrono::steady_clock;
   std::vector<double> enc_mbs, dec_mbs, enc_tps;
@@ -1372,12 +1373,13 @@ int cmd_bench(int argc, char** argv) {
                      "      --routing-replay T --csv F --json]   (a cluster: stages, exchange, balance; docs/scaling.md)\n"
                      "  colibri bench --memory-bandwidth [--size-mb M --reps R]\n"
                      "  colibri bench --peak-flops [--reps R]\n"
-                     "  colibri bench --tokenizer --model FILE [--text-file T --reps R]");
+                     "  colibri bench --tokenizer --model FILE [--text-file T | --text-kib K] [--reps R]");
   o.add_options()("m,model", ".colibri model file to benchmark", cxxopts::value<std::string>())(
       "memory-bandwidth", "STREAM-style memory bandwidth (Copy, Scale, Add, Triad, Sum) instead of a model")(
       "peak-flops", "f32 FMA throughput per ISA (x86-64: AVX2+FMA, AVX-512F; aarch64: NEON) instead of a model")(
       "tokenizer", "Encode/decode speed of the model's embedded tokenizer instead of generation")(
       "text-file", "--tokenizer: the text to encode (default: a built-in 4 MiB mixed text)", cxxopts::value<std::string>())(
+      "text-kib", "--tokenizer: KiB of the built-in text, 1..1048576 (default 4096)", cxxopts::value<int64_t>())(
       "t,threads", "Compute threads, 0..1024; 0 = all cores (default 0)", cxxopts::value<int64_t>())(
       "reps", "Timed repetitions, 1..1000 (memory: ..100; default: model 3, memory 10, flops 3)", cxxopts::value<int64_t>())(
       "json", "Print one JSON object with the configuration and every measurement");
@@ -1414,6 +1416,8 @@ int cmd_bench(int argc, char** argv) {
   }
   if (r.count("size-mb") && !mem) bad_arg("--size-mb applies to --memory-bandwidth only");
   if (r.count("text-file") && !r.count("tokenizer")) bad_arg("--text-file applies to --tokenizer only");
+  if (r.count("text-kib") && !r.count("tokenizer")) bad_arg("--text-kib applies to --tokenizer only");
+  if (r.count("text-kib") && r.count("text-file")) bad_arg("give one of --text-file and --text-kib");
   if (r.count("tokenizer")) {
     if (mem || flops) bad_arg("give one of --tokenizer, --memory-bandwidth and --peak-flops");
     return bench_tokenizer(r);

@@ -9,6 +9,9 @@
 #        COLIBRI_FUZZ_JOBS       targets fuzzed at once (default 1)
 #        COLIBRI_FUZZ_KEEP=1     keep the grown corpora (their paths are printed)
 #        COLIBRI_FUZZ_ARGS       extra libFuzzer flags, e.g. "-seed=1"
+#        COLIBRI_FUZZ_STEP       build (build only), run (no build: fuzz what is built)
+#                                or all (default); scripts/test.sh builds while other
+#                                tests run, then fuzzes
 # Reproduce a finding: build-fuzz/bin/<target> <reproducer>
 # See docs/fuzzing.md.
 set -euo pipefail
@@ -34,6 +37,9 @@ for t in "${targets[@]}"; do
     *) echo "fuzz: unknown target '$t' (targets: ${all_targets[*]})" >&2; exit 2 ;;
   esac
 done
+
+step="${COLIBRI_FUZZ_STEP:-all}"
+case "$step" in build | run | all) ;; *) echo "fuzz: COLIBRI_FUZZ_STEP must be build, run or all" >&2; exit 2 ;; esac
 
 # ---- tools: clang with the libFuzzer/sanitizer runtimes ------------------------
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
@@ -65,12 +71,18 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # ---- build ------------------------------------------------------------------------
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  # COLIBRI_UNITY_BUILD: the library sources in a few translation units (cmake/build_speed.cmake).
-  cmake -S "$root/tests/fuzz" -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-    -DCOLIBRI_UNITY_BUILD="${COLIBRI_UNITY_BUILD:-ON}" >/dev/null
+if [ "$step" != run ]; then
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    # COLIBRI_UNITY_BUILD: the library sources in a few translation units (cmake/build_speed.cmake).
+    cmake -S "$root/tests/fuzz" -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+      -DCOLIBRI_UNITY_BUILD="${COLIBRI_UNITY_BUILD:-ON}" >/dev/null
+  fi
+  cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
+  [ "$step" = build ] && { echo "fuzz: ${#targets[@]} targets built in $build"; exit 0; }
 fi
-cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
+for t in "${targets[@]}"; do
+  [ -x "$build/bin/$t" ] || { echo "fuzz: $build/bin/$t is not built (COLIBRI_FUZZ_STEP=run needs a build step first)" >&2; exit 1; }
+done
 
 # ---- fuzz -------------------------------------------------------------------------
 work="$(mktemp -d "${TMPDIR:-/tmp}/colibri-fuzz.XXXXXX")"

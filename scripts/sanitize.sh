@@ -20,7 +20,11 @@
 # test, any sanitizer report or a failed self-check, 0 when clean.
 # Environment: COLIBRI_ASAN_BUILD_DIR, COLIBRI_TSAN_BUILD_DIR (build folders),
 # COLIBRI_SANITIZE_JOBS (build and test parallelism, default nproc),
-# COLIBRI_TSAN_LLVM (the LLVM version for tsan, default 14). See docs/sanitizers.md.
+# COLIBRI_TSAN_LLVM (the LLVM version for tsan, default 14), COLIBRI_SANITIZE_STEP
+# (build: build only; test: test what is built; all: both, the default;
+# scripts/test.sh builds while the main suite runs, then tests), COLIBRI_SANITIZE_TEST_JOBS
+# (tests at once, default nproc + 1: many tests mostly wait on processes they
+# start). See docs/sanitizers.md.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mode="${1:-asan}"
@@ -30,6 +34,9 @@ case "$mode" in
   *) echo "usage: scripts/sanitize.sh [asan|tsan|all]" >&2; exit 2 ;;
 esac
 jobs="${COLIBRI_SANITIZE_JOBS:-$(nproc)}"
+test_jobs="${COLIBRI_SANITIZE_TEST_JOBS:-$(( $(nproc) + 1 ))}"
+step="${COLIBRI_SANITIZE_STEP:-all}"
+case "$step" in build | test | all) ;; *) echo "sanitize: COLIBRI_SANITIZE_STEP must be build, test or all" >&2; exit 2 ;; esac
 llvm="${COLIBRI_TSAN_LLVM:-14}"
 san_dir="$root/tests/sanitizers"
 fixtures="$root/tests/fixtures"
@@ -121,7 +128,10 @@ configure_build() {
 # run_ctest LOG ARGS...: ctest with the stage's environment; appends to LOG.
 run_ctest() {
   local log="$1"; shift
-  ctest --test-dir "$build" --output-on-failure --parallel "$jobs" --timeout 900 "$@" 2>&1 | tee -a "$log"
+  # The tests' measured costs, so that the longest start first (tests/ctest_costs).
+  local costs="$build/Testing/Temporary/CTestCostData.txt"
+  [ -f "$costs" ] || { mkdir -p "$(dirname "$costs")"; cp "$root/tests/ctest_costs/asan.txt" "$costs"; }
+  ctest --test-dir "$build" --output-on-failure --parallel "$test_jobs" --timeout 900 "$@" 2>&1 | tee -a "$log"
   return "${PIPESTATUS[0]}"
 }
 
@@ -224,8 +234,13 @@ stage_asan() {
   local logdir="$build/sanitizer-logs" log="$build/sanitize-ctest.log" t0 t1 t2 crc=0 parity="not run" canary
   echo "== asan: GCC, address + undefined, into $build"
   t0=$(now)
-  if ! configure_build "$build" gcc g++ "$ASAN_FLAGS" "address,undefined"; then
-    summary+=("asan: FAILED  the build failed"); failed=1; return
+  if [ "$step" != test ]; then
+    if ! configure_build "$build" gcc g++ "$ASAN_FLAGS" "address,undefined"; then
+      summary+=("asan: FAILED  the build failed"); failed=1; return
+    fi
+    [ "$step" = build ] && { summary+=("asan: built in $(fmt $(($(now) - t0)))"); return; }
+  elif [ ! -x "$build/bin/colibri_tests" ]; then
+    summary+=("asan: FAILED  $build is not built (COLIBRI_SANITIZE_STEP=test needs a build step first)"); failed=1; return
   fi
   t1=$(now)
   rm -rf "$logdir" "$log"; mkdir -p "$logdir"
@@ -292,8 +307,13 @@ stage_tsan() {
   ensure_packages "clang-$llvm" "libclang-rt-$llvm-dev" "libomp-$llvm-dev" "llvm-$llvm"
   [ -f "/usr/lib/llvm-$llvm/lib/libarcher.so" ] || { summary+=("tsan: FAILED  no /usr/lib/llvm-$llvm/lib/libarcher.so"); failed=1; return; }
   t0=$(now)
-  if ! configure_build "$build" "clang-$llvm" "clang++-$llvm" "$TSAN_FLAGS" thread "-include $san_dir/clang_compat.h"; then
-    summary+=("tsan: FAILED  the build failed"); failed=1; return
+  if [ "$step" != test ]; then
+    if ! configure_build "$build" "clang-$llvm" "clang++-$llvm" "$TSAN_FLAGS" thread "-include $san_dir/clang_compat.h"; then
+      summary+=("tsan: FAILED  the build failed"); failed=1; return
+    fi
+    [ "$step" = build ] && { summary+=("tsan: built in $(fmt $(($(now) - t0)))"); return; }
+  elif [ ! -x "$build/bin/colibri_tests" ]; then
+    summary+=("tsan: FAILED  $build is not built (COLIBRI_SANITIZE_STEP=test needs a build step first)"); failed=1; return
   fi
   t1=$(now)
   rm -rf "$logdir" "$log"; mkdir -p "$logdir"
@@ -314,7 +334,7 @@ stage_tsan() {
 
 # ---- main -------------------------------------------------------------------------
 start=$(now)
-bash "$root/scripts/setup.sh" || exit 1
+[ "$step" = test ] || bash "$root/scripts/setup.sh" || exit 1
 case "$mode" in
   asan) stage_asan ;;
   tsan) stage_tsan ;;
@@ -327,4 +347,5 @@ if [ "$failed" -ne 0 ]; then
   echo "== FAILED: a test failed or a sanitizer reported (reports above and in the sanitizer-logs folders)"
   exit 1
 fi
+[ "$step" = build ] && { echo "== BUILT: no tests run (COLIBRI_SANITIZE_STEP=build)"; exit 0; }
 echo "== CLEAN: no sanitizer reports, every test passed"

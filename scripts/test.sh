@@ -63,7 +63,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # active and 2 s passive.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 log="$(mktemp)"
-trap 'rm -f "$log" "$times_file"' EXIT
 # Tests counted over all stages: CTest's own count, each sanitizer stage's, and
 # one per fuzz target.
 # CTest counts a skipped test (GTEST_SKIP: a CPU without AVX-512, say) among
@@ -78,21 +77,56 @@ count_ctest() {
   passed=$((passed + all - skip))
 }
 
+# The tests' measured costs (tests/ctest_costs), so that CTest starts the
+# longest first instead of finding them last on a fresh build folder.
+seed_costs() {  # $1: build folder, $2: the cost file
+  local f="$1/Testing/Temporary/CTestCostData.txt"
+  [ -f "$f" ] || { mkdir -p "$(dirname "$f")"; cp "$2" "$f"; }
+}
+# Background steps: the next stage's build runs at the lowest priority while
+# this stage's tests run (many of them wait on processes they start, which
+# leaves cores idle); its output goes to a file, shown if it fails.
+bg_pid=""
+bg_log="$(mktemp)"
+bg_start() { "$@" >"$bg_log" 2>&1 & bg_pid=$!; }
+bg_wait() {  # $1: what; fails the run when the step failed
+  local rc=0
+  wait "$bg_pid" || rc=$?
+  bg_pid=""
+  if [ "$rc" -ne 0 ]; then cat "$bg_log"; echo "test.sh: $1 failed (exit $rc)"; exit 1; fi
+  tail -3 "$bg_log"
+}
+trap 'rm -f "$log" "$times_file" "$bg_log"; [ -z "$bg_pid" ] || kill "$bg_pid" 2>/dev/null' EXIT
+# Tests at once: one more than the cores (many tests mostly wait on the processes
+# they start); CTest runs RUN_SERIAL tests (signals) alone.
+test_jobs=$(( $(nproc) + 1 ))
+
 stage_start
-ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" --timeout 900 "${ctest_args[@]}" 2>&1 | tee "$log"
-count_ctest
-stage_end "CTest suite passed"
+seed_costs "$build" "$root/tests/ctest_costs/release.txt"
 if [ "$quick" -eq 0 ]; then
+  bg_start nice -n 19 env COLIBRI_SANITIZE_STEP=build bash "$root/scripts/sanitize.sh" "$sanitize"
+fi
+ctest --test-dir "$build" --output-on-failure --parallel "$test_jobs" --timeout 900 "${ctest_args[@]}" 2>&1 | tee "$log"
+count_ctest
+if [ "$quick" -eq 0 ]; then
+  bg_wait "the sanitizer build ($sanitize)"
+  stage_end "CTest suite passed (and the sanitizer build, in the background)"
   stage_start
-  bash "$root/scripts/sanitize.sh" "$sanitize" 2>&1 | tee "$log"
+  [ "$fuzz_seconds" -ge 0 ] && bg_start nice -n 19 env COLIBRI_FUZZ_STEP=build bash "$root/scripts/fuzz.sh"
+  COLIBRI_SANITIZE_STEP=test bash "$root/scripts/sanitize.sh" "$sanitize" 2>&1 | tee "$log"
   count_ctest
-  stage_end "sanitizer stage ($sanitize) passed"
   if [ "$fuzz_seconds" -ge 0 ]; then
+    bg_wait "the fuzz build"
+    stage_end "sanitizer stage ($sanitize) passed (and the fuzz build, in the background)"
     stage_start
-    COLIBRI_FUZZ_JOBS="${COLIBRI_FUZZ_JOBS:-$(nproc)}" bash "$root/scripts/fuzz.sh" "$fuzz_seconds" 2>&1 | tee "$log"
+    COLIBRI_FUZZ_STEP=run COLIBRI_FUZZ_JOBS="${COLIBRI_FUZZ_JOBS:-$(nproc)}" bash "$root/scripts/fuzz.sh" "$fuzz_seconds" 2>&1 | tee "$log"
     passed=$((passed + $(grep -c '^fuzz: .* ok' "$log" || true)))
     stage_end "fuzzing passed"
+  else
+    stage_end "sanitizer stage ($sanitize) passed"
   fi
+else
+  stage_end "CTest suite passed"
 fi
 echo "tests: $passed passed, $skipped skipped, 0 failed"
 echo "test.sh: all stages in $(( $(date +%s) - all_start )) s"

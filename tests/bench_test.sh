@@ -60,7 +60,7 @@ echo "json checker: $JSON"
 step "help"
 expect_rc 0 "bench --help" "$BIN" bench --help
 for o in --model --batch --prompt-len --new-tokens --threads --reps --warmup --seed --json --memory-bandwidth \
-  --size-mb --peak-flops; do out_has "$o"; done
+  --size-mb --peak-flops --tokenizer --text-file --text-kib; do out_has "$o"; done
 pass "bench --help mentions every option"
 expect_rc 0 "colibri --help" "$BIN" --help
 out_has "bench"
@@ -231,13 +231,17 @@ printf 'Hello, world! 你好 🙂\n  code(x) + 42;\n' >"$T/text.txt"
 expect_rc 0 "bench --tokenizer --text-file" "$BIN" bench --tokenizer --model "$T/tok.colibri" --text-file "$T/text.txt" --reps 2
 out_has "encode"
 out_has "MB/s"
-expect_rc 0 "bench --tokenizer --json" "$BIN" bench --tokenizer --model "$T/tok.colibri" --reps 2 --json
+# (256 KiB of the built-in text: the default 4 MiB takes ~15 s under the sanitizers.)
+expect_rc 0 "bench --tokenizer --json" "$BIN" bench --tokenizer --model "$T/tok.colibri" --text-kib 256 --reps 2 --json
 if [ "$JSON" != none ]; then
   [ "$(jget "$T/out" '.mode')" = tokenizer ] || fail "mode should be tokenizer"
   positive "$(jget "$T/out" '.encode_mb_per_s.median')" || fail "encode MB/s should be > 0"
   positive "$(jget "$T/out" '.tokens_per_byte')" || fail "tokens per byte should be > 0"
   pass "JSON: mode, encode MB/s and tokens per byte"
 fi
+[ "$JSON" = none ] || [ "$(jget "$T/out" '.text_bytes')" -ge 262144 ] || fail "--text-kib 256 should encode >= 262144 bytes"
+expect_rc 11 "--text-kib 0" "$BIN" bench --tokenizer --model "$T/tok.colibri" --text-kib 0
+expect_rc 11 "--text-kib with --text-file" "$BIN" bench --tokenizer --model "$T/tok.colibri" --text-kib 4 --text-file "$T/text.txt"
 expect_rc 11 "bench --tokenizer on a model without one" "$BIN" bench --tokenizer --model "$M"
 err_has "no embedded tokenizer"
 
