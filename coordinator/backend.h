@@ -154,6 +154,8 @@ class DenseBackend {
   virtual const float* host(const float* p) const = 0;
 };
 
+class KvBlockPool;
+
 struct BackendOptions {
   int rank = 0;  // for messages
   int64_t rows_cap = 0, max_batch = 0, max_ctx = 0;
@@ -166,6 +168,11 @@ struct BackendOptions {
   bool sync_stages = false;
   bool device_moe = false;
   int threads = 1;  // CPU: OpenMP threads of the attention
+  // The KV cache's blocks and tables (the engine's; required). Slot s's
+  // position p is in row table(s)[p / block_tokens] * block_tokens + p % block_tokens.
+  // NOTE: the CUDA backend still keeps one max_ctx slab per slot (max_batch
+  // slots) on the device and reads no table.
+  const KvBlockPool* kv_pool = nullptr;
 };
 
 std::unique_ptr<DenseBackend> make_cpu_backend(std::shared_ptr<const ColibriFile> file, const ModelPlan& plan,

@@ -51,7 +51,8 @@ class CpuBackend final : public DenseBackend {
       for (const TensorView* t : {w.wk_b, w.wv_b})
         if (t && t->quant != QuantType::None)
           throw Error(Status::Unsupported, "'" + t->name + "' is quantised; per-head products take f32, f16 or bf16");
-    kv_ = std::make_unique<KVCache>(p_.layers, o.max_batch, o.max_ctx, p_.kv_width, p_.v_width);
+    if (!o.kv_pool) throw Error(Status::Internal, "the CPU backend needs the engine's KV block pool");
+    kv_ = std::make_unique<KVCache>(p_.layers, *o.kv_pool, p_.kv_width, p_.v_width);
     const int64_t R = o.rows_cap, H = p_.hidden, NH = p_.heads;
     const bool latent = p_.kv_lora_rank > 0;
     auto sz = [](int64_t a, int64_t b) { return static_cast<size_t>(a * b); };
@@ -191,8 +192,9 @@ class CpuBackend final : public DenseBackend {
         attend_latent(layer, s, start, p, q, a, sc, o);
       } else {
         const int64_t kvh = h / a.group;
-        kt_->attend(q, a.dk, kv_->k(layer, s, start) + kvh * a.dk, kv_->v(layer, s, start) + kvh * a.dv, p_.kv_width,
-                    p - start + 1, a.scale, sinks ? sinks + h : nullptr, sc, o);
+        kt_->attend(q, a.dk, kv_->k_layer(layer) + kvh * a.dk, kv_->v_layer(layer) + kvh * a.dv, p_.kv_width,
+                    o_.kv_pool->table(static_cast<int>(s)), o_.kv_pool->block_tokens(), start, p - start + 1, a.scale,
+                    sinks ? sinks + h : nullptr, sc, o);
       }
     }
   }

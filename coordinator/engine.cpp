@@ -12,7 +12,9 @@
 #include <string>
 
 #include "coordinator/backend.h"
+#include "coordinator/kv_cache.h"
 #include "coordinator/model.h"
+#include "coordinator/scheduler.h"
 #include "model/error.h"
 #include "model/routing_trace.h"
 #include "worker/protocol.h"
@@ -95,7 +97,30 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
                                          ", frequency " + std::to_string(static_cast<int64_t>(i) % std::max<int64_t>(half, 1)) +
                                          "): rope_theta " + theta + " or the rope scaling overflows");
     }
+  // The paged KV cache's bookkeeping: blocks of kv_block_tokens positions, as
+  // many as kv_cache_mb holds (default: max_batch whole contexts).
+  {
+    if (opts.kv_block_tokens < 1 || opts.kv_block_tokens > 4096)
+      throw Error(Status::InvalidArgument, "--kv-block " + std::to_string(opts.kv_block_tokens) + " must be 1..4096 positions");
+    if (opts.kv_cache_mb < 0) throw Error(Status::InvalidArgument, "--kv-cache-mb must be >= 0");
+    const int64_t bt = opts.kv_block_tokens, per_slot = (max_ctx_ + bt - 1) / bt;
+    const uint64_t block_bytes = static_cast<uint64_t>(plan_.layers) * static_cast<uint64_t>(bt) *
+                                 static_cast<uint64_t>(plan_.kv_width + plan_.v_width) * sizeof(float);
+    int64_t blocks = max_batch_ * per_slot;
+    if (opts.kv_cache_blocks < 0) throw Error(Status::InvalidArgument, "KV cache blocks must be >= 0");
+    if (opts.kv_cache_blocks > 0) {
+      blocks = opts.kv_cache_blocks;
+    } else if (opts.kv_cache_mb > 0) {
+      blocks = static_cast<int64_t>((static_cast<uint64_t>(opts.kv_cache_mb) << 20) / std::max<uint64_t>(block_bytes, 1));
+      if (blocks < 1)
+        throw Error(Status::InvalidArgument, "--kv-cache-mb " + std::to_string(opts.kv_cache_mb) + " holds no block of " +
+                                                 std::to_string(bt) + " positions (" + std::to_string(block_bytes >> 10) +
+                                                 " KiB each)");
+    }
+    kv_pool_ = std::make_unique<KvBlockPool>(blocks, bt, max_batch_, max_ctx_);
+  }
   BackendOptions b;
+  b.kv_pool = kv_pool_.get();
   b.rank = comm_.rank();
   b.rows_cap = rows_cap_, b.max_batch = max_batch_, b.max_ctx = max_ctx_;
   b.rope_cos = rope_cos_.data(), b.rope_sin = rope_sin_.data();
@@ -232,192 +257,111 @@ void Engine::check_pass(const char* phase, int64_t index, int64_t n, const int32
 }
 
 void Engine::validate(const std::vector<Request>& reqs) const {
-  const ModelConfig& c = file_->config();
   if (reqs.empty()) throw Error(Status::InvalidArgument, "no prompts given");
   if (static_cast<int64_t>(reqs.size()) > max_batch_)
     throw Error(Status::InvalidArgument, std::to_string(reqs.size()) + " prompts exceed the maximum batch of " +
                                              std::to_string(max_batch_));
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    const Request& r = reqs[i];
-    std::string who = "prompt " + std::to_string(i);
-    if (r.prompt.empty()) throw Error(Status::InvalidArgument, who + " is empty");
-    for (size_t j = 0; j < r.prompt.size(); ++j)
-      if (r.prompt[j] < 0 || r.prompt[j] >= c.vocab_size)
-        throw Error(Status::InvalidArgument, who + ": token id " + std::to_string(r.prompt[j]) + " at position " +
-                                                 std::to_string(j) + " is outside the vocabulary [0, " +
-                                                 std::to_string(c.vocab_size) + ")");
-    if (r.max_new_tokens < 0) throw Error(Status::InvalidArgument, who + ": max new tokens must be >= 0");
-    const int64_t need = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
-    if (need > max_ctx_)
-      throw Error(Status::InvalidArgument, who + ": " + std::to_string(r.prompt.size()) + " prompt tokens + " +
-                                               std::to_string(r.max_new_tokens) + " new tokens exceed the context of " +
-                                               std::to_string(max_ctx_) + " positions");
-    for (int32_t id : r.stop_ids)
-      if (id < 0 || id >= c.vocab_size)
-        throw Error(Status::InvalidArgument, who + ": stop token id " + std::to_string(id) + " is outside the vocabulary");
-    validate_sampling(r.sampling, c.vocab_size);
-  }
+  for (size_t i = 0; i < reqs.size(); ++i) validate_request(reqs[i], "prompt " + std::to_string(i));
 }
 
+void Engine::validate_request(const Request& r, const std::string& who) const {
+  const ModelConfig& c = file_->config();
+  if (r.prompt.empty()) throw Error(Status::InvalidArgument, who + " is empty");
+  for (size_t j = 0; j < r.prompt.size(); ++j)
+    if (r.prompt[j] < 0 || r.prompt[j] >= c.vocab_size)
+      throw Error(Status::InvalidArgument, who + ": token id " + std::to_string(r.prompt[j]) + " at position " +
+                                               std::to_string(j) + " is outside the vocabulary [0, " +
+                                               std::to_string(c.vocab_size) + ")");
+  if (r.max_new_tokens < 0) throw Error(Status::InvalidArgument, who + ": max new tokens must be >= 0");
+  const int64_t need = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
+  if (need > max_ctx_)
+    throw Error(Status::InvalidArgument, who + ": " + std::to_string(r.prompt.size()) + " prompt tokens + " +
+                                             std::to_string(r.max_new_tokens) + " new tokens exceed the context of " +
+                                             std::to_string(max_ctx_) + " positions");
+  for (int32_t id : r.stop_ids)
+    if (id < 0 || id >= c.vocab_size)
+      throw Error(Status::InvalidArgument, who + ": stop token id " + std::to_string(id) + " is outside the vocabulary");
+  validate_sampling(r.sampling, c.vocab_size);
+}
+
+// generate(): a thin client of the scheduler. Every request is admitted at
+// once (they fit: at most max_batch, and the default cache holds max_batch
+// whole contexts), prefilled in chunks that may span requests, then decoded
+// together, as one batch; the scheduler makes each request's tokens and
+// logits bitwise those of the request alone.
 std::vector<SequenceOutput> Engine::generate(const std::vector<Request>& reqs, const GenerateOptions& opts,
                                              GenerateStats* stats) {
   validate(reqs);
   if (replay_) replay_->rewind();  // every call replays the same routing
-  const ModelConfig& c = file_->config();
-  const int64_t V = c.vocab_size, B = static_cast<int64_t>(reqs.size());
-  using clock = std::chrono::steady_clock;
   GenerateStats st;
-  std::vector<SequenceOutput> out(static_cast<size_t>(B));
-  std::vector<Rng> rngs;
-  std::vector<int64_t> len(static_cast<size_t>(B));
-  std::vector<uint8_t> done(static_cast<size_t>(B), 0);
-  for (int64_t s = 0; s < B; ++s) {
-    const Request& r = reqs[static_cast<size_t>(s)];
-    rngs.emplace_back(r.sampling.seed);
-    len[static_cast<size_t>(s)] = static_cast<int64_t>(r.prompt.size());
-    out[static_cast<size_t>(s)].tokens.reserve(static_cast<size_t>(r.max_new_tokens));
-    if (opts.record_logits)
-      out[static_cast<size_t>(s)].logits.reserve(static_cast<size_t>((r.prompt.size() + r.max_new_tokens) * V));
-    if (r.max_new_tokens == 0) {
-      done[static_cast<size_t>(s)] = 1;
-      out[static_cast<size_t>(s)].finish_reason = "length";
-    }
-  }
   {
-    // NOTE: the per-pass timings grow during the loops: reserve, so a step allocates nothing.
+    // NOTE: the per-pass timings grow during the run: reserve, so a step allocates nothing.
     int64_t prompt = 0, steps = 0;
     for (const Request& r : reqs) {
       prompt += static_cast<int64_t>(r.prompt.size());
       steps = std::max<int64_t>(steps, r.max_new_tokens);
     }
-    st.prefill_pass_seconds.reserve(static_cast<size_t>((prompt + chunk_ - 1) / chunk_));
+    st.prefill_pass_seconds.reserve(static_cast<size_t>((prompt + chunk_ - 1) / chunk_ + reqs.size()));
     st.decode_step_seconds.reserve(static_cast<size_t>(steps));
   }
-  std::vector<int32_t> tok(static_cast<size_t>(rows_cap_)), seq(static_cast<size_t>(rows_cap_)),
-      pos(static_cast<size_t>(rows_cap_));
-  std::vector<uint8_t> want(static_cast<size_t>(rows_cap_));
-
-  // Appends a sampled token; returns false when the caller asked to stop.
-  auto accept = [&](int64_t s, const float* lg) -> bool {
-    const Request& r = reqs[static_cast<size_t>(s)];
-    SequenceOutput& o = out[static_cast<size_t>(s)];
-    int32_t t = sampler_.sample(lg, r.sampling, rngs[static_cast<size_t>(s)]);
-    o.tokens.push_back(t);
-    int64_t p = len[static_cast<size_t>(s)]++;
-    if (!r.ignore_eos &&
-        (t == c.eos_token_id || std::find(r.stop_ids.begin(), r.stop_ids.end(), t) != r.stop_ids.end())) {
-      done[static_cast<size_t>(s)] = 1;
-      o.finish_reason = "eos";
-    } else if (static_cast<int32_t>(o.tokens.size()) >= r.max_new_tokens) {
-      done[static_cast<size_t>(s)] = 1;
-      o.finish_reason = "length";
-    }
-    if (opts.stop && opts.stop(static_cast<int>(s), t, done[static_cast<size_t>(s)] ? o.finish_reason : std::string()) &&
-        o.finish_reason != "eos") {
-      done[static_cast<size_t>(s)] = 1;
-      o.finish_reason = "stop";
-    }
-    if (opts.on_token && !opts.on_token(static_cast<int>(s), static_cast<int>(p), t)) {
-      st.cancelled = true;
-      return false;
-    }
-    return true;
-  };
-
-  auto interrupted = [&] {
-    if (opts.interrupt && opts.interrupt->load() != 0) {
-      st.interrupted = opts.interrupt->load();
-      st.cancelled = true;
-    }
-    return st.cancelled;
-  };
-
-  // NOTE: an error after the run started keeps what was generated: the
-  // caller gets it with the error (GenerationError) to print or return.
-  try {
-    // Prefill in chunks that may span sequences.
-    auto t0 = clock::now();
-    int64_t s = 0, p = 0;
-    clock_.set_phase(Phase::Prefill);
-    while (s < B && !interrupted()) {
-      const auto tp = clock::now();
-      int64_t n = 0;
-      while (n < chunk_ && s < B) {
-        const Request& r = reqs[static_cast<size_t>(s)];
-        const bool last = p + 1 == static_cast<int64_t>(r.prompt.size());
-        tok[static_cast<size_t>(n)] = r.prompt[static_cast<size_t>(p)];
-        seq[static_cast<size_t>(n)] = static_cast<int32_t>(s);
-        pos[static_cast<size_t>(n)] = static_cast<int32_t>(p);
-        want[static_cast<size_t>(n)] = opts.record_logits || (last && r.max_new_tokens > 0);
-        ++n;
-        if (last) {
-          ++s;
-          p = 0;
-        } else {
-          ++p;
+  SchedulerOptions so;
+  so.max_running = max_batch_;
+  so.max_step_tokens = chunk_;
+  so.prefill_first = true;
+  so.record_logits = opts.record_logits;
+  Scheduler sched(*this, so);
+  sched.keep_pass_times(&st.prefill_pass_seconds, &st.decode_step_seconds);
+  const size_t B = reqs.size();
+  std::vector<int64_t> ids(B);
+  bool stop_all = false;
+  for (size_t i = 0; i < B; ++i) {
+    RequestCallbacks cb;
+    const int seq = static_cast<int>(i);
+    if (opts.stop)
+      cb.stop = [&opts, seq](int32_t t, const std::string& ending) { return opts.stop(seq, t, ending); };
+    if (opts.on_token)
+      cb.on_token = [&opts, &stop_all, &sched, seq](int pos, int32_t t) {
+        if (!opts.on_token(seq, pos, t)) {
+          stop_all = true;  // the whole call stops here: no later row of this pass is sampled
+          sched.halt();
         }
-      }
-      forward(n, tok.data(), seq.data(), pos.data(), want.data());
-      check_pass("prefill pass", static_cast<int64_t>(st.prefill_pass_seconds.size()), n, seq.data(), pos.data(), want.data());
-      st.prefill_tokens += n;
-      int64_t m = 0;
-      for (int64_t i = 0; i < n && !st.cancelled; ++i) {
-        if (!want[static_cast<size_t>(i)]) continue;
-        const float* lg = logits_.data() + (m++) * V;
-        const int64_t q = seq[static_cast<size_t>(i)];
-        SequenceOutput& o = out[static_cast<size_t>(q)];
-        if (opts.record_logits) o.logits.insert(o.logits.end(), lg, lg + V);
-        const bool last = pos[static_cast<size_t>(i)] + 1 == static_cast<int32_t>(reqs[static_cast<size_t>(q)].prompt.size());
-        if (last && !done[static_cast<size_t>(q)]) accept(q, lg);
-      }
-      clock_.lap(Stage::Sampling);
-      st.prefill_pass_seconds.push_back(std::chrono::duration<double>(clock::now() - tp).count());
-    }
-    auto t1 = clock::now();
-    st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
-
-    // Decode: one row per unfinished sequence.
-    clock_.set_phase(Phase::Decode);
-    while (!interrupted()) {
-      const auto tp = clock::now();
-      int64_t n = 0;
-      for (int64_t q = 0; q < B; ++q) {
-        if (done[static_cast<size_t>(q)]) continue;
-        tok[static_cast<size_t>(n)] = out[static_cast<size_t>(q)].tokens.back();
-        seq[static_cast<size_t>(n)] = static_cast<int32_t>(q);
-        pos[static_cast<size_t>(n)] = static_cast<int32_t>(len[static_cast<size_t>(q)] - 1);
-        want[static_cast<size_t>(n)] = 1;
-        ++n;
-      }
-      if (n == 0) break;
-      forward(n, tok.data(), seq.data(), pos.data(), want.data());
-      check_pass("decode step", static_cast<int64_t>(st.decode_step_seconds.size()), n, seq.data(), pos.data(), want.data());
-      for (int64_t i = 0; i < n && !st.cancelled; ++i) {
-        const float* lg = logits_.data() + i * V;
-        const int64_t q = seq[static_cast<size_t>(i)];
-        if (opts.record_logits) out[static_cast<size_t>(q)].logits.insert(out[static_cast<size_t>(q)].logits.end(), lg, lg + V);
-        accept(q, lg);
-        ++st.decode_tokens;
-      }
-      clock_.lap(Stage::Sampling);
-      st.decode_step_seconds.push_back(std::chrono::duration<double>(clock::now() - tp).count());
-    }
-    clock_.set_phase(Phase::Prefill);
-    st.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
-  } catch (const GenerationError&) {
-    throw;
-  } catch (const Error& e) {
-    clock_.set_phase(Phase::Prefill);
-    for (auto& o : out)
-      if (o.finish_reason.empty()) o.finish_reason = "error";
-    if (stats) *stats = st;
-    throw GenerationError(e, std::move(out), std::move(st));
+        return true;
+      };
+    ids[i] = sched.submit(reqs[i], std::move(cb));
   }
-  if (st.cancelled)
-    for (auto& o : out)
-      if (o.finish_reason.empty()) o.finish_reason = st.interrupted ? "interrupted" : "cancelled";
+  auto outputs = [&] {
+    std::vector<SequenceOutput> out(B);
+    for (size_t i = 0; i < B; ++i) out[i] = sched.take(ids[i]);
+    return out;
+  };
+  auto fill_stats = [&] {
+    const SchedulerStats& s = sched.stats();
+    st.prefill_tokens = s.prefill_tokens, st.decode_tokens = s.decode_tokens;
+    st.prefill_seconds = s.prefill_seconds, st.decode_seconds = s.decode_seconds;
+  };
+  try {
+    while (!sched.idle()) {
+      if (opts.interrupt && opts.interrupt->load() != 0) {
+        st.interrupted = opts.interrupt->load();
+        st.cancelled = true;
+        break;
+      }
+      sched.step();
+      if (stop_all) {
+        st.cancelled = true;
+        break;
+      }
+    }
+  } catch (const Error& e) {
+    // The scheduler ended every unfinished request with "error".
+    fill_stats();
+    if (stats) *stats = st;
+    throw GenerationError(e, outputs(), std::move(st));
+  }
+  if (st.cancelled) sched.finish_all(st.interrupted ? "interrupted" : "cancelled");
+  fill_stats();
   if (stats) *stats = st;
-  return out;
+  return outputs();
 }
 
 }  // namespace colibri

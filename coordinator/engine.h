@@ -24,11 +24,19 @@ namespace colibri {
 
 class RoutingTraceWriter;
 class RoutingReplay;
+class KvBlockPool;
+class Scheduler;
 
 struct EngineOptions {
-  int64_t max_batch = 4;        // most sequences per generate() call
+  int64_t max_batch = 4;        // most sequences per generate() call (the KV cache's sequence slots)
   int64_t max_context = 0;      // most positions per sequence; 0: the model's maximum
-  int64_t prefill_chunk = 256;  // most tokens per prefill forward pass
+  int64_t prefill_chunk = 256;  // most tokens per prefill forward pass (the scheduler's rows per step)
+  // The paged KV cache (coordinator/kv_cache.h): blocks of kv_block_tokens
+  // positions; kv_cache_mb bounds its size (0: room for max_batch sequences of
+  // max_context positions, so that generate() never preempts).
+  int64_t kv_block_tokens = 16;
+  int64_t kv_cache_mb = 0;
+  int64_t kv_cache_blocks = 0;  // exactly this many blocks (tests, tuning); 0: from kv_cache_mb
   // Which rank owns which experts; null: every expert on this (the only) rank.
   std::shared_ptr<const Placement> placement;
   ExpertStoreOptions store;             // this rank's expert cache, if it hosts experts
@@ -109,6 +117,8 @@ class GenerationError : public Error {
 };
 
 class Engine : private ForwardHost {
+  friend class Scheduler;  // runs the passes and samples (coordinator/scheduler.h)
+
  public:
   // One rank's engine. With a world of one, this rank also serves every expert.
   Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opts, Communicator& comm);
@@ -121,6 +131,8 @@ class Engine : private ForwardHost {
   // Checks every request before any work (ids in range, lengths, sampling);
   // throws Error(InvalidArgument) naming the request and the problem.
   void validate(const std::vector<Request>& reqs) const;
+  // One request's checks; `who` names it in the message ("prompt 3").
+  void validate_request(const Request& r, const std::string& who) const;
   std::vector<SequenceOutput> generate(const std::vector<Request>& reqs, const GenerateOptions& opts,
                                        GenerateStats* stats = nullptr);
 
@@ -134,6 +146,10 @@ class Engine : private ForwardHost {
   int64_t rows_capacity() const { return rows_cap_; }
   // Bytes of the KV cache (for MLA: latents and rotary keys only).
   uint64_t kv_cache_bytes() const;
+  // The KV cache's blocks and block tables (the scheduler's bookkeeping).
+  KvBlockPool& kv_pool() { return *kv_pool_; }
+  const KvBlockPool& kv_pool() const { return *kv_pool_; }
+  int64_t prefill_chunk() const { return chunk_; }
   // With workers: tells them how big a forward pass can be (once, first).
   void start_workers();
   // With workers: ends their serve loops (idempotent).
@@ -170,6 +186,7 @@ class Engine : private ForwardHost {
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<MoeDispatcher> dispatch_;
   ModelPlan plan_;
+  std::unique_ptr<KvBlockPool> kv_pool_;  // before backend_, which addresses the cache through it
   std::vector<float> rope_cos_, rope_sin_;  // [max_ctx][rope_dim / 2], times YaRN's attention factor
   std::unique_ptr<DenseBackend> backend_;   // after plan_ and the rope tables, which it uses
   std::vector<float> logits_;               // host, [rows_cap][vocab]

@@ -1,6 +1,16 @@
-// kv_cache.h: the key/value cache of the coordinator's attention, allocated
-// once for the maximum batch and context. Rows are [k_width] and [v_width]
-// floats: K and V of every kv head (kv_heads * head_dim each), or for
+// kv_cache.h: the paged key/value cache of the coordinator's attention.
+//
+// KvBlockPool is the bookkeeping (vLLM's block pool and block tables): the
+// cache holds `num_blocks` blocks of `block_tokens` positions; a free list;
+// and for each sequence slot (the scheduler's running sequences, at most
+// `max_slots`) a block table mapping its positions to blocks, so that memory
+// follows the tokens the sequences hold, not max_slots x max_context.
+// A slot's position p lives in row table[p / block_tokens] * block_tokens +
+// p % block_tokens of every layer's cache.
+//
+// KVCache is the CPU backend's storage of those rows (the CUDA backend keeps
+// its own on the device, addressed by the same tables). Rows are [k_width] and
+// [v_width] floats: K and V of every kv head (kv_heads * head_dim each), or for
 // multi-head latent attention the normalised latent plus the rotated shared
 // key part in K (kv_lora_rank + qk_rope_head_dim) and nothing in V.
 #pragma once
@@ -11,22 +21,66 @@
 
 namespace colibri {
 
+class KvBlockPool {
+ public:
+  // Throws Error(InvalidArgument) for sizes < 1.
+  KvBlockPool(int64_t num_blocks, int64_t block_tokens, int64_t max_slots, int64_t max_ctx);
+
+  int64_t num_blocks() const { return blocks_; }
+  int64_t block_tokens() const { return bt_; }
+  int64_t max_slots() const { return slots_; }
+  // Table entries per slot: enough blocks for max_ctx positions.
+  int64_t blocks_per_slot() const { return per_slot_; }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  // Blocks needed to hold n positions.
+  int64_t blocks_for(int64_t n) const { return (n + bt_ - 1) / bt_; }
+  // Positions slot s can hold with the blocks it has.
+  int64_t capacity(int slot) const { return held_[static_cast<size_t>(slot)] * bt_; }
+
+  // Grows slot s to hold positions [0, n) (n <= max_ctx); true on success.
+  // When the free blocks do not suffice it takes none and returns false.
+  bool reserve(int slot, int64_t n);
+  // Returns every block of slot s to the free list.
+  void release(int slot);
+  // [max_slots][blocks_per_slot] block ids; -1 where a slot has no block.
+  const int32_t* tables() const { return table_.data(); }
+  const int32_t* table(int slot) const { return table_.data() + static_cast<size_t>(slot) * per_slot_; }
+  // Incremented by every change of a table (the CUDA backend copies them then).
+  uint64_t version() const { return version_; }
+
+ private:
+  int64_t blocks_, bt_, slots_, per_slot_;
+  std::vector<int32_t> table_;
+  std::vector<int64_t> held_;  // blocks per slot
+  // Free block ids, a min-heap: the lowest is taken first, so that the blocks
+  // in use (and the memory pages they touched) stay at the front of the buffer.
+  std::vector<int32_t> free_;
+  uint64_t version_ = 0;
+};
+
 class KVCache {
  public:
-  KVCache(int64_t layers, int64_t max_seqs, int64_t max_ctx, int64_t k_width, int64_t v_width);
-  float* k(int64_t layer, int64_t seq, int64_t pos) { return k_.get() + index(layer, seq, pos, kw_); }
-  float* v(int64_t layer, int64_t seq, int64_t pos) { return v_.get() + index(layer, seq, pos, vw_); }
-  int64_t max_seqs() const { return seqs_; }
-  int64_t max_ctx() const { return ctx_; }
+  // Storage for every block of `pool`, every layer. Throws Error(OutOfMemory).
+  KVCache(int64_t layers, const KvBlockPool& pool, int64_t k_width, int64_t v_width);
+  float* k(int64_t layer, int64_t slot, int64_t pos) { return k_.get() + index(layer, row(slot, pos), kw_); }
+  float* v(int64_t layer, int64_t slot, int64_t pos) { return v_.get() + index(layer, row(slot, pos), vw_); }
+  // Row 0 of a layer's keys / values (KernelTable::attend's base with a table).
+  const float* k_layer(int64_t layer) const { return k_.get() + index(layer, 0, kw_); }
+  const float* v_layer(int64_t layer) const { return v_.get() + index(layer, 0, vw_); }
   uint64_t bytes() const { return bytes_; }
 
  private:
-  size_t index(int64_t layer, int64_t seq, int64_t pos, int64_t w) const {
-    return static_cast<size_t>(((layer * seqs_ + seq) * ctx_ + pos) * w);
+  int64_t row(int64_t slot, int64_t pos) const {
+    const int64_t bt = pool_.block_tokens();
+    return static_cast<int64_t>(pool_.table(static_cast<int>(slot))[pos / bt]) * bt + pos % bt;
   }
-  int64_t seqs_, ctx_, kw_, vw_;
+  size_t index(int64_t layer, int64_t row, int64_t w) const {
+    return static_cast<size_t>((layer * rows_ + row) * w);
+  }
+  const KvBlockPool& pool_;
+  int64_t rows_, kw_, vw_;
   uint64_t bytes_ = 0;
-  // NOTE: left uninitialised: pages are only touched (committed) as positions fill.
+  // NOTE: left uninitialised: pages are only touched (committed) as blocks fill.
   std::unique_ptr<float[]> k_, v_;
 };
 

@@ -210,7 +210,8 @@ TEST(Kernels, AttendMatchesReference) {
       auto v = test::random_floats(rng, static_cast<size_t>(n * stride), -1.f, 1.f);
       const float sink = trial % 2 ? 1.5f : 0.f;
       std::vector<float> scores(n, NAN), out(d, NAN);
-      kt->attend(q.data(), d, k.data(), v.data(), stride, n, scale, trial % 2 ? &sink : nullptr, scores.data(), out.data());
+      kt->attend(q.data(), d, k.data(), v.data(), stride, nullptr, 0, 0, n, scale, trial % 2 ? &sink : nullptr,
+                 scores.data(), out.data());
       std::vector<double> p(n);
       double mx = trial % 2 ? sink : -1e300, sum = 0;
       for (int t = 0; t < n; ++t) {
@@ -226,6 +227,46 @@ TEST(Kernels, AttendMatchesReference) {
         for (int t = 0; t < n; ++t) ref += p[t] / sum * v[t * stride + i];
         ASSERT_NEAR(out[i], ref, 2e-5) << "d " << d << " n " << n << " element " << i;
       }
+    }
+  }
+}
+
+// A paged cache (blocks of positions anywhere in the buffer, a block table)
+// gives bitwise the result of the same rows stored contiguously, from any
+// first position.
+TEST(Kernels, AttendOverABlockTableEqualsContiguousBitwise) {
+  uint64_t seed = test::test_seed();
+  COLIBRI_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (const KernelTable* kt : tables()) {
+    SCOPED_TRACE(kt->name);
+    for (int trial = 0; trial < 30; ++trial) {
+      const int d = 1 + static_cast<int>(rng() % 100), stride = d + static_cast<int>(rng() % 3);
+      const int B = 1 + static_cast<int>(rng() % 17), first = static_cast<int>(rng() % 40);
+      const int n = 1 + static_cast<int>(rng() % 200), end = first + n;
+      const int nblocks = (end + B - 1) / B, pool = nblocks + 5;
+      // A random injective table into a pool with spare blocks.
+      std::vector<int32_t> perm(static_cast<size_t>(pool));
+      for (int i = 0; i < pool; ++i) perm[static_cast<size_t>(i)] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::vector<int32_t> table(perm.begin(), perm.begin() + nblocks);
+      auto q = test::random_floats(rng, d, -2.f, 2.f);
+      auto k = test::random_floats(rng, static_cast<size_t>(end * stride), -2.f, 2.f);
+      auto v = test::random_floats(rng, static_cast<size_t>(end * stride), -1.f, 1.f);
+      std::vector<float> kp(static_cast<size_t>(pool * B * stride), NAN), vp(kp.size(), NAN);
+      for (int p = 0; p < end; ++p) {
+        const size_t r = static_cast<size_t>(table[static_cast<size_t>(p / B)] * B + p % B);
+        std::copy_n(k.begin() + p * stride, stride, kp.begin() + static_cast<ptrdiff_t>(r * stride));
+        std::copy_n(v.begin() + p * stride, stride, vp.begin() + static_cast<ptrdiff_t>(r * stride));
+      }
+      const float scale = 0.3f, sink = 0.7f;
+      const float* s = trial % 2 ? &sink : nullptr;
+      std::vector<float> sc(static_cast<size_t>(n)), want(static_cast<size_t>(d), NAN), got(static_cast<size_t>(d), NAN);
+      kt->attend(q.data(), d, k.data(), v.data(), stride, nullptr, 0, first, n, scale, s, sc.data(), want.data());
+      kt->attend(q.data(), d, kp.data(), vp.data(), stride, table.data(), B, first, n, scale, s, sc.data(), got.data());
+      for (int i = 0; i < d; ++i) ASSERT_TRUE(std::isfinite(want[static_cast<size_t>(i)])) << i;
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+          << "d " << d << " block " << B << " first " << first << " n " << n;
     }
   }
 }

@@ -28,11 +28,16 @@ struct KernelTable {
   // written back in half layout); cos/sin hold rd/2 angles' values.
   void (*rope)(float* x, int64_t heads, int64_t stride, int64_t rd, bool interleaved, const float* cos,
                const float* sin);
-  // One query over n cached positions (rows `stride` apart in k and v):
+  // One query over the n cached positions first, ..., first + n - 1:
   // out = sum_t softmax(scale * q.k_t)_t v_t; a non-null `sink` logit joins the
   // softmax denominator only (gpt-oss). scores: n floats of scratch.
-  void (*attend)(const float* q, int64_t d, const float* k, const float* v, int64_t stride, int64_t n, float scale,
-                 const float* sink, float* scores, float* out);
+  // Position p's key is row r(p) of k (rows `stride` floats apart; v alike):
+  // r(p) = p without a block table; with one (a paged cache, blocks of
+  // `block_rows` positions), r(p) = blocks[p / block_rows] * block_rows +
+  // p % block_rows. The arithmetic is the same either way: only addresses differ.
+  void (*attend)(const float* q, int64_t d, const float* k, const float* v, int64_t stride, const int32_t* blocks,
+                 int64_t block_rows, int64_t first, int64_t n, float scale, const float* sink, float* scores,
+                 float* out);
 };
 
 // The AVX2 and AVX-512 tables (and the quantised ones in qkernels.h) are built

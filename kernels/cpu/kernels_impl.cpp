@@ -420,11 +420,16 @@ void rope(float* x, int64_t heads, int64_t stride, int64_t rd, bool interleaved,
   }
 }
 
-void attend(const float* q, int64_t d, const float* k, const float* v, int64_t stride, int64_t n, float scale,
-            const float* sink, float* scores, float* out) {
+// The row of position p (KernelTable::attend).
+inline int64_t cache_row(const int32_t* blocks, int64_t block_rows, int64_t p) {
+  return blocks ? static_cast<int64_t>(blocks[p / block_rows]) * block_rows + p % block_rows : p;
+}
+
+void attend(const float* q, int64_t d, const float* k, const float* v, int64_t stride, const int32_t* blocks,
+            int64_t block_rows, int64_t first, int64_t n, float scale, const float* sink, float* scores, float* out) {
   float mx = -INFINITY;
   for (int64_t t = 0; t < n; ++t) {
-    const float s = dot(q, k + t * stride, d) * scale;
+    const float s = dot(q, k + cache_row(blocks, block_rows, first + t) * stride, d) * scale;
     scores[t] = s;
     mx = std::max(mx, s);
   }
@@ -447,7 +452,7 @@ void attend(const float* q, int64_t d, const float* k, const float* v, int64_t s
   if (sink) sum += std::exp(*sink - mx);  // the sink joins the denominator only
   const float inv = 1.0f / sum;
   std::memset(out, 0, static_cast<size_t>(d) * sizeof(float));
-  for (int64_t t2 = 0; t2 < n; ++t2) axpy(out, scores[t2] * inv, v + t2 * stride, d);
+  for (int64_t t2 = 0; t2 < n; ++t2) axpy(out, scores[t2] * inv, v + cache_row(blocks, block_rows, first + t2) * stride, d);
 }
 
 }  // namespace
