@@ -21,6 +21,9 @@ namespace jinja {
 namespace {
 
 constexpr int kRtMaxJsonDepth = 256;     // nesting of a value printed, compared or serialised
+// NOTE: statements and expressions nest at most 128 deep in the source, but a
+// recursive macro multiplies that; this bounds the renderer's own recursion.
+constexpr int kRtMaxRecursion = 1000;
 constexpr int64_t kRtMaxRange = 1000000;  // elements of range()
 
 [[noreturn]] void rt_fail(SrcPos p, const std::string& msg) {
@@ -1035,6 +1038,9 @@ class Renderer {
       else if ((b.is_str() || (b.is_json() && b.j->is_array())) && rt_int(a, &times)) seq = &b;
       if (seq) {
         times = std::max<int64_t>(times, 0);
+        const size_t unit = seq->is_str() ? seq->str().size() : seq->j->size() * sizeof(ojson);
+        if (times > 0 && unit > opt_.max_output_bytes / static_cast<size_t>(times))
+          check_size(p, opt_.max_output_bytes + 1);  // NOTE: before multiplying, which could overflow
         if (seq->is_str()) {
           check_size(p, seq->str().size() * static_cast<size_t>(times));
           std::string s;
@@ -1181,7 +1187,17 @@ class Renderer {
     return a;
   }
 
+  struct RtNest {
+    RtNest(Renderer& r, SrcPos p) : r_(r) {
+      if (++r_.nest_ > kRtMaxRecursion)
+        rt_fail(p, "the template nests too deeply while rendering (recursive macros?)");
+    }
+    ~RtNest() { --r_.nest_; }
+    Renderer& r_;
+  };
+
   RtValue eval(const Expr& e, RtFrame& f) {
+    RtNest nest(*this, e.pos);
     switch (e.kind) {
       case ExprKind::Const: return rt_json(e.constant);
       case ExprKind::Name: return lookup(e.str, f);
@@ -2042,6 +2058,7 @@ class Renderer {
 
   RtFlow exec(const Node& n, RtFrame& f) {
     tick(n.pos);
+    RtNest nest(*this, n.pos);
     switch (n.kind) {
       case NodeKind::Text: emit(n.pos, n.text); return RtFlow::Normal;
       case NodeKind::Print: emit(n.pos, to_str(eval(*n.expr, f), n.expr->pos)); return RtFlow::Normal;
@@ -2140,6 +2157,7 @@ class Renderer {
   RtFrame* top_ = nullptr;
   int64_t steps_ = 0;
   int depth_ = 0;
+  int nest_ = 0;
 };
 
 }  // namespace

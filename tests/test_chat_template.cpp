@@ -443,6 +443,15 @@ TEST(ChatTemplate, LimitsStopRunawayTemplates) {
   expect_error([&] { ct_render("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}", "{}", few); },
                Status::InvalidArgument, {"max_steps"});
   expect_error([] { ct_render("{{ range(10000000)|length }}"); }, Status::InvalidArgument, {"range()"});
+  expect_error([] { ct_render("{{ ([1] * 9223372036854775807)|length }}"); }, Status::InvalidArgument, {"max_output_bytes"});
+  // A recursive macro multiplies the source's nesting; the renderer bounds its own recursion.
+  std::string nested = "{% macro f(n) %}";
+  for (int i = 0; i < 100; ++i) nested += "{% if true %}";
+  nested += "{% if n > 0 %}{{ f(n - 1) }}{% endif %}";
+  for (int i = 0; i < 100; ++i) nested += "{% endif %}";
+  expect_error([&] { ct_render(nested + "{% endmacro %}{{ f(60) }}"); }, Status::InvalidArgument,
+               {"nests too deeply while rendering"});
+  EXPECT_EQ(ct_render(nested + "{% endmacro %}{{ f(3) }}"), "");
   // Nesting: of the source (parser) and of the values the request brings.
   expect_error([] { ChatTemplate c("{{ " + std::string(500, '(') + "1" + std::string(500, ')') + " }}"); }, Status::Format,
                {"nest"});
