@@ -204,6 +204,8 @@ int cmd_inspect(int argc, char** argv) {
                   (long long)ts.vocab_size, (unsigned long long)tb->size, ts.add_bos ? "yes" : "no",
                   ts.add_eos ? "yes" : "no", eos.c_str(),
                   ts.extra_special.empty() ? "" : (", " + std::to_string(ts.extra_special.size()) + " extra special").c_str());
+      if (!ts.chat_template.empty())
+        std::printf("chat        template of %zu bytes (docs/chat_templates.md)\n", ts.chat_template.size());
     } else {
       std::printf("tokenizer   none (token ids only)\n");
     }

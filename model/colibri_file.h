@@ -197,6 +197,9 @@ class ColibriFile {
   // config().tokenizer), or null when the file has none. Not in tensors().
   const TensorView* tokenizer_block() const { return tokenizer_.data ? &tokenizer_ : nullptr; }
   bool has_tokenizer() const { return tokenizer_.data != nullptr; }
+  // The checkpoint's chat template (config().tokenizer.chat_template; render it
+  // with model/chat_template.h), "" when the file has none.
+  const std::string& chat_template() const { return config_.tokenizer.chat_template; }
   // The tokenizer file's bytes after checking their checksum (Error(Checksum));
   // throws Error(InvalidArgument) when the file has no tokenizer.
   std::string_view tokenizer_bytes() const;

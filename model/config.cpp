@@ -468,6 +468,13 @@ json ModelConfig::to_json() const {
                           {"legacy", tokenizer.legacy},
                           {"eos_token_ids", tokenizer.eos_token_ids},
                           {"extra_special", extra}};
+    // NOTE: optional, so files without a chat template stay byte for byte as before.
+    if (!tokenizer.chat_template.empty()) j["tokenizer"]["chat_template"] = tokenizer.chat_template;
+    if (!tokenizer.special_tokens.empty()) {
+      json st = json::object();
+      for (const auto& [name, content] : tokenizer.special_tokens) st[name] = content;
+      j["tokenizer"]["special_tokens"] = st;
+    }
   }
   return j;
 }
@@ -581,6 +588,18 @@ ModelConfig ModelConfig::from_json(const json& j) {
       for (const auto& e : x) {
         if (!e.is_object()) throw Error(Status::Format, "model config: a 'tokenizer.extra_special' entry is not an object");
         c.tokenizer.extra_special.emplace_back(get_required<int64_t>(e, "id", what), get_required<std::string>(e, "content", what));
+      }
+    }
+    c.tokenizer.chat_template = get_or<std::string>(t, "chat_template", "", what);
+    if (t.contains("special_tokens")) {
+      const auto& x = t["special_tokens"];
+      if (!x.is_object()) throw Error(Status::Format, "model config: 'tokenizer.special_tokens' is not an object");
+      if (x.size() > chat_special_token_names().size())
+        throw Error(Status::Format, "model config: 'tokenizer.special_tokens' has " + std::to_string(x.size()) + " entries");
+      for (const auto& [name, content] : x.items()) {
+        if (!content.is_string())
+          throw Error(Status::Format, "model config: 'tokenizer.special_tokens." + name + "' is not a string");
+        c.tokenizer.special_tokens.emplace_back(name, content.get<std::string>());
       }
     }
   }
@@ -713,10 +732,24 @@ void ModelConfig::validate() const {
       in_range(id, 0, vocab_size - 1, "tokenizer.extra_special[i].id");
       check(!content.empty() && content.size() <= 1024, "tokenizer.extra_special content must be 1 to 1024 bytes");
     }
+    check(tokenizer.chat_template.size() <= kMaxChatTemplateBytes, "tokenizer.chat_template is larger than 1 MiB");
+    const auto& names = chat_special_token_names();
+    for (const auto& [name, content] : tokenizer.special_tokens) {
+      check(std::find(names.begin(), names.end(), name) != names.end(),
+            "tokenizer.special_tokens has an unknown name '" + name + "'");
+      check(!content.empty() && content.size() <= 1024, "tokenizer.special_tokens content must be 1 to 1024 bytes");
+    }
   } else {
-    check(tokenizer.eos_token_ids.empty() && tokenizer.extra_special.empty() && tokenizer.vocab_size == 0,
+    check(tokenizer.eos_token_ids.empty() && tokenizer.extra_special.empty() && tokenizer.vocab_size == 0 &&
+              tokenizer.chat_template.empty() && tokenizer.special_tokens.empty(),
           "tokenizer fields without tokenizer.kind");
   }
+}
+
+const std::vector<std::string>& chat_special_token_names() {
+  static const std::vector<std::string> k = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                             "pad_token", "cls_token", "mask_token"};
+  return k;
 }
 
 std::vector<float> rope_inv_freq(const ModelConfig& c) {

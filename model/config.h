@@ -54,8 +54,29 @@ struct TokenizerSpec {
   // Special tokens of tokenizer_config.json's added_tokens_decoder that the
   // tokenizer file lacks, as (id, content).
   std::vector<std::pair<int64_t, std::string>> extra_special;
+  // The chat template (model/chat_template.h, docs/chat_templates.md):
+  // tokenizer_config.json's chat_template (the one named "default" of a list),
+  // or chat_template.jinja beside it, which wins as in transformers; "" when the
+  // checkpoint has none. Optional in the embedded JSON ("chat_template"),
+  // written only when set.
+  std::string chat_template;
+  // The special tokens transformers passes to the template (its
+  // special_tokens_map: bos_token, eos_token, unk_token, sep_token, pad_token,
+  // cls_token, mask_token) as (name, content). Optional ("special_tokens" object).
+  std::vector<std::pair<std::string, std::string>> special_tokens;
   bool present() const { return !kind.empty(); }
+  // The content of special token `name` ("bos_token", ...), "" when it has none.
+  std::string special_token(const std::string& name) const {
+    for (const auto& [n, c] : special_tokens)
+      if (n == name) return c;
+    return {};
+  }
 };
+
+// The special token names of TokenizerSpec::special_tokens.
+const std::vector<std::string>& chat_special_token_names();
+// The largest TokenizerSpec::chat_template a file holds (real ones are < 20 KB).
+inline constexpr size_t kMaxChatTemplateBytes = size_t{1} << 20;
 
 struct ModelConfig {
   // mixtral | qwen2_moe | qwen3_moe | olmoe | deepseek_v2 | deepseek_v3 | glm4_moe | gpt_oss

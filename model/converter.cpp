@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "model/chat_template.h"
 #include "model/colibri_file.h"
 #include "model/config.h"
 #include "model/error.h"
@@ -215,6 +216,78 @@ void ids_of(const nlohmann::json& j, const char* key, std::vector<int64_t>& out)
       if (x.is_number_integer()) out.push_back(x.get<int64_t>());
 }
 
+// The chat template transformers would load: chat_template.jinja beside
+// tokenizer_config.json wins over the config's "chat_template" (a string, or a
+// list of {name, template} whose "default" is used). "" when there is none or it
+// cannot be stored (a warning says why). One outside docs/chat_templates.md's
+// subset is kept: chat requests then fail naming the construct.
+std::string read_chat_template(const fs::path& dir, const nlohmann::json& tc) {
+  std::string tmpl;
+  std::string from;
+  const fs::path file = dir / "chat_template.jinja";
+  if (fs::exists(file)) {
+    tmpl = read_whole(file);
+    from = file.string();
+  } else if (tc.is_object() && tc.contains("chat_template")) {
+    from = (dir / "tokenizer_config.json").string();
+    const auto& ct = tc["chat_template"];
+    if (ct.is_string()) {
+      tmpl = ct.get<std::string>();
+    } else if (ct.is_array()) {
+      bool found = false;
+      for (const auto& e : ct)
+        if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
+            e["template"].is_string()) {
+          tmpl = e["template"].get<std::string>();
+          found = true;
+          break;
+        }
+      if (!found) {
+        spdlog::warn("{}: chat_template is a list without a template named 'default'; converting without a chat template",
+                     from);
+        return {};
+      }
+    } else if (!ct.is_null()) {
+      throw Error(Status::Format, from + ": 'chat_template' is neither a string nor a list of {name, template}");
+    }
+  }
+  if (tmpl.empty()) return {};
+  if (tmpl.size() > kMaxChatTemplateBytes) {
+    spdlog::warn("{}: the chat template is larger than 1 MiB; converting without it", from);
+    return {};
+  }
+  try {
+    (void)nlohmann::json(tmpl).dump();  // NOTE: the config is stored as JSON text, which must be UTF-8
+  } catch (const nlohmann::json::exception&) {
+    spdlog::warn("{}: the chat template is not valid UTF-8; converting without it", from);
+    return {};
+  }
+  try {
+    ChatTemplate parsed(tmpl);
+  } catch (const Error& e) {
+    spdlog::warn("{}: {}; the template is kept, but chat requests will be refused", from, e.what());
+  }
+  return tmpl;
+}
+
+// transformers' special_tokens_map: tokenizer_config.json's named special tokens
+// (a string or an AddedToken {"content": ...}), special_tokens_map.json's winning.
+std::vector<std::pair<std::string, std::string>> read_special_tokens(const fs::path& dir, const nlohmann::json& tc) {
+  const nlohmann::json stm = read_json_opt(dir / "special_tokens_map.json");
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& name : chat_special_token_names()) {
+    std::string content;
+    for (const nlohmann::json* src : {&tc, &stm}) {
+      if (!src->is_object() || !src->contains(name)) continue;
+      const auto& v = (*src)[name];
+      if (v.is_string()) content = v.get<std::string>();
+      else if (v.is_object() && v.contains("content") && v["content"].is_string()) content = v["content"].get<std::string>();
+    }
+    if (!content.empty() && content.size() <= 1024) out.emplace_back(name, content);
+  }
+  return out;
+}
+
 struct EmbeddedTokenizer {
   TokenizerSpec spec;
   std::string bytes;
@@ -249,6 +322,8 @@ std::optional<EmbeddedTokenizer> read_tokenizer(const fs::path& dir, const nlohm
     if (tc.contains("add_eos_token") && tc["add_eos_token"].is_boolean()) t.spec.add_eos = tc["add_eos_token"].get<bool>();
     if (tc.contains("legacy") && tc["legacy"].is_boolean()) t.spec.legacy = tc["legacy"].get<bool>();
   }
+  t.spec.chat_template = read_chat_template(dir, tc);
+  t.spec.special_tokens = read_special_tokens(dir, tc);
   std::unique_ptr<Tokenizer> tok;
   auto load = [&] {
     try {
@@ -354,7 +429,7 @@ ConvertResult convert_checkpoint(const std::string& hf_dir, const std::string& o
     // files the conversion reads, nor a device or FIFO that the rename would replace.
     std::vector<std::string> inputs = ck.files();
     for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer.model",
-                          "tokenizer_config.json"})
+                          "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"})
       inputs.push_back((fs::path(hf_dir) / f).string());
     check_output(out_path, inputs, "convert: output");
   }
