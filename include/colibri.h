@@ -155,6 +155,47 @@ COLIBRI_API colibri_status colibri_generate_text(colibri_model* model, const cha
                                                  colibri_text_callback callback, void* user_data,
                                                  int32_t* out_counts);
 
+/* ---- Requests (continuous batching, docs/batching.md): token prompts submitted
+ * at any time, from any thread, run together by the handle's request thread
+ * (started by the first colibri_submit); each joins the running set at the
+ * next step and leaves it when it ends, and gets exactly the tokens it would
+ * get alone (colibri_generate of it). While submitted requests are unfinished,
+ * the blocking calls (colibri_infer, colibri_generate, colibri_generate_text)
+ * on that handle fail with COLIBRI_ERR_INVALID_ARGUMENT: they would share its
+ * KV cache; use a second handle. */
+
+/* Called on the request thread after each new token of a request (`token`,
+ * finish_reason NULL), and once when it ends (token -1, finish_reason "eos",
+ * "stop", "length", "cancelled" or "error"). It may call colibri_submit,
+ * colibri_poll, colibri_cancel and colibri_release, not the blocking calls. */
+typedef void (*colibri_request_callback)(void* user_data, int64_t request, int32_t token,
+                                         const char* finish_reason);
+
+/* Queues a request: prompt[length] ids, sampling (NULL: defaults; the seed is
+ * used as given), callback (may be NULL). *request gets its id (ids count from
+ * 0 per handle). The prompt is checked now (ids, length, context); a request
+ * the KV cache cannot hold ends with finish_reason "error". */
+COLIBRI_API colibri_status colibri_submit(colibri_model* model, const int32_t* prompt, int32_t length,
+                                          const colibri_sampling* sampling,
+                                          colibri_request_callback callback, void* user_data,
+                                          int64_t* request);
+
+/* A request's tokens so far (as colibri_encode's buffers: the count needed is
+ * always stored in *n_tokens; a buffer too small fails unless it is a size
+ * query), and *finish_reason: NULL while it runs, else the reason it ended
+ * (a static string). */
+COLIBRI_API colibri_status colibri_poll(colibri_model* model, int64_t request, int32_t* tokens,
+                                        size_t capacity, size_t* n_tokens, const char** finish_reason);
+
+/* Ends a request at the next step (finish_reason "cancelled"; its KV blocks
+ * are freed then). A finished request: no-op. */
+COLIBRI_API colibri_status colibri_cancel(colibri_model* model, int64_t request);
+
+/* Forgets a finished request (its tokens); an unfinished one is
+ * COLIBRI_ERR_INVALID_ARGUMENT. Unknown ids are COLIBRI_ERR_INVALID_ARGUMENT. */
+COLIBRI_API colibri_status colibri_release(colibri_model* model, int64_t request);
+
+/* Cancels every unfinished request, stops the request thread, frees the handle. */
 COLIBRI_API void colibri_free(colibri_model* model);
 
 /* A short fixed description of a status. */

@@ -6,6 +6,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,7 +89,7 @@ class CapiThreads : public ::testing::Test {
     ASSERT_EQ(colibri_init(path_.c_str(), &cfg, &m_), COLIBRI_OK) << colibri_last_error();
   }
   void TearDown() override {
-    colibri_free(m_);
+    if (m_) colibri_free(m_);
     kernels::set_threads(threads_before_);  // n_threads = 1 applied to this thread
   }
 
@@ -256,6 +259,145 @@ TEST_F(CapiThreads, NThreadsOutOfRangeIsRefused) {
     EXPECT_NE(e.find("1024"), std::string::npos) << e;
     if (m) colibri_free(m);
   }
+}
+
+
+// Requests (colibri_submit): 3 threads submit at random times; each request's
+// tokens (polled, and as its callback saw them) equal colibri_generate of it
+// alone; one is cancelled; blocking calls are refused while requests run; a
+// handle freed with requests in flight ends them.
+struct Seen {
+  std::mutex mu;
+  std::map<int64_t, std::vector<int32_t>> tokens;
+  std::map<int64_t, std::string> finish;
+};
+
+void on_request(void* user, int64_t id, int32_t token, const char* finish) {
+  auto* s = static_cast<Seen*>(user);
+  std::lock_guard<std::mutex> g(s->mu);
+  if (finish)
+    s->finish[id] = finish;
+  else
+    s->tokens[id].push_back(token);
+}
+
+TEST_F(CapiThreads, SubmittedRequestsMatchEachAloneFromManyThreads) {
+  const uint64_t seed = test_seed();
+  COLIBRI_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  struct Job {
+    std::vector<int32_t> prompt;
+    colibri_sampling s;
+    std::vector<int32_t> alone;
+    int64_t id = -1;
+  };
+  std::vector<Job> jobs(9);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Job& j = jobs[i];
+    j.prompt = prompts_[i % prompts_.size()];
+    j.prompt.resize(1 + rng() % j.prompt.size());
+    j.s = colibri_default_sampling();
+    j.s.max_new_tokens = 3 + static_cast<int32_t>(rng() % 6);
+    j.s.ignore_eos = 1;
+    if (i % 2) j.s.temperature = 0.9f, j.s.top_k = 20, j.s.seed = rng();
+    // colibri_generate samples sequence 0 with seed + 0: the same seed.
+    const int32_t* pp[] = {j.prompt.data()};
+    const int32_t len[] = {static_cast<int32_t>(j.prompt.size())};
+    std::vector<int32_t> out(static_cast<size_t>(j.s.max_new_tokens), -1);
+    int32_t count = -1;
+    ASSERT_EQ(colibri_generate(m_, pp, len, 1, &j.s, nullptr, nullptr, out.data(), &count), COLIBRI_OK)
+        << colibri_last_error();
+    j.alone.assign(out.begin(), out.begin() + count);
+  }
+  Seen seen;
+  std::vector<std::thread> th;
+  for (int t = 0; t < 3; ++t)
+    th.emplace_back([&, t] {
+      for (size_t i = static_cast<size_t>(t); i < jobs.size(); i += 3) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200 * (i % 4)));
+        Job& j = jobs[i];
+        ASSERT_EQ(colibri_submit(m_, j.prompt.data(), static_cast<int32_t>(j.prompt.size()), &j.s, on_request, &seen,
+                                 &j.id),
+                  COLIBRI_OK)
+            << colibri_last_error();
+      }
+    });
+  for (auto& t : th) t.join();
+  // A blocking call while requests may still run: refused, or (all done) fine.
+  {
+    const int32_t* pp[] = {jobs[0].prompt.data()};
+    const int32_t len[] = {static_cast<int32_t>(jobs[0].prompt.size())};
+    const colibri_status st = colibri_infer(m_, pp, len, 1, nullptr, nullptr);
+    EXPECT_TRUE(st == COLIBRI_OK || st == COLIBRI_ERR_INVALID_ARGUMENT) << st;
+    if (st != COLIBRI_OK) EXPECT_NE(std::string(colibri_last_error()).find("colibri_submit"), std::string::npos);
+  }
+  for (Job& j : jobs) {
+    const char* finish = nullptr;
+    size_t n = 0;
+    for (int w = 0; w < 20000 && !finish; ++w) {
+      ASSERT_EQ(colibri_poll(m_, j.id, nullptr, 0, &n, &finish), COLIBRI_OK) << colibri_last_error();
+      if (!finish) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_NE(finish, nullptr) << "request " << j.id << " did not finish";
+    EXPECT_STREQ(finish, "length");
+    std::vector<int32_t> got(n, -1);
+    ASSERT_EQ(colibri_poll(m_, j.id, got.data(), got.size(), &n, &finish), COLIBRI_OK);
+    EXPECT_EQ(got, j.alone) << "request " << j.id << ": " << show(got) << " vs alone " << show(j.alone);
+    std::lock_guard<std::mutex> g(seen.mu);
+    EXPECT_EQ(seen.tokens[j.id], j.alone) << "the callback's tokens";
+    EXPECT_EQ(seen.finish[j.id], "length");
+  }
+  // A buffer too small fails (the size is still stored); release forgets.
+  size_t n = 0;
+  int32_t one = -1;
+  EXPECT_EQ(colibri_poll(m_, jobs[0].id, &one, 1, &n, nullptr), COLIBRI_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(n, jobs[0].alone.size());
+  EXPECT_EQ(colibri_release(m_, jobs[0].id), COLIBRI_OK);
+  EXPECT_EQ(colibri_poll(m_, jobs[0].id, nullptr, 0, &n, nullptr), COLIBRI_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(colibri_release(m_, 999999), COLIBRI_ERR_INVALID_ARGUMENT);
+  // All done: the blocking calls work again.
+  std::vector<int32_t> again(static_cast<size_t>(jobs[1].s.max_new_tokens), -1);
+  const int32_t* pp[] = {jobs[1].prompt.data()};
+  const int32_t len[] = {static_cast<int32_t>(jobs[1].prompt.size())};
+  int32_t count = 0;
+  EXPECT_EQ(colibri_generate(m_, pp, len, 1, &jobs[1].s, nullptr, nullptr, again.data(), &count), COLIBRI_OK)
+      << colibri_last_error();
+  again.resize(static_cast<size_t>(count));
+  EXPECT_EQ(again, jobs[1].alone);
+}
+
+TEST_F(CapiThreads, CancelAndFreeEndRunningRequests) {
+  colibri_sampling s = colibri_default_sampling();
+  s.max_new_tokens = 100;  // long: still running when cancelled (the context is 128)
+  s.ignore_eos = 1;
+  Seen seen;
+  int64_t a = -1, b = -1;
+  const std::vector<int32_t>& p = prompts_[0];
+  ASSERT_EQ(colibri_submit(m_, p.data(), static_cast<int32_t>(p.size()), &s, on_request, &seen, &a), COLIBRI_OK)
+      << colibri_last_error();
+  ASSERT_EQ(colibri_submit(m_, p.data(), static_cast<int32_t>(p.size()), &s, on_request, &seen, &b), COLIBRI_OK);
+  EXPECT_EQ(colibri_release(m_, a), COLIBRI_ERR_INVALID_ARGUMENT) << "still running";
+  EXPECT_EQ(colibri_cancel(m_, a), COLIBRI_OK);
+  const char* finish = nullptr;
+  size_t n = 0;
+  for (int w = 0; w < 20000 && !finish; ++w) {
+    ASSERT_EQ(colibri_poll(m_, a, nullptr, 0, &n, &finish), COLIBRI_OK);
+    if (!finish) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_NE(finish, nullptr);
+  EXPECT_STREQ(finish, "cancelled");
+  EXPECT_LT(n, 100u);
+  // Bad submissions are refused at once.
+  int64_t bad = -1;
+  const int32_t out_of_vocab = 1 << 30;
+  EXPECT_EQ(colibri_submit(m_, &out_of_vocab, 1, &s, nullptr, nullptr, &bad), COLIBRI_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(colibri_submit(m_, p.data(), 0, &s, nullptr, nullptr, &bad), COLIBRI_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(colibri_cancel(m_, 424242), COLIBRI_ERR_INVALID_ARGUMENT);
+  // Freed with b still running: b ends ("cancelled") and nothing hangs (TearDown frees).
+  colibri_free(m_);
+  m_ = nullptr;
+  std::lock_guard<std::mutex> g(seen.mu);
+  EXPECT_EQ(seen.finish[b], "cancelled");
 }
 
 }  // namespace

@@ -4,20 +4,45 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "colibri.h"
 #include "comm/communicator.h"
 #include "coordinator/engine.h"
+#include "coordinator/scheduler.h"
 #include "kernels/cpu/kernels.h"
 #include "model/colibri_file.h"
 #include "model/error.h"
 #include "model/text.h"
+
+// colibri_submit's requests: the inbox (any thread), each request's tokens
+// and state (any thread, under mu), and the scheduler (the request thread only).
+struct CapiRequests {
+  struct State {
+    std::vector<int32_t> tokens;
+    const char* finish = nullptr;  // a static string once ended
+    colibri_request_callback cb = nullptr;
+    void* user = nullptr;
+    int64_t sched_id = -1;  // the scheduler's id (request thread only)
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<int64_t, colibri::Request>> inbox;
+  std::vector<int64_t> cancels;
+  std::unordered_map<int64_t, State> state;
+  int64_t next_id = 0;
+  std::atomic<int64_t> active{0};  // submitted, not finished
+  bool stop = false;
+  std::thread thread;
+};
 
 struct colibri_model {
   std::shared_ptr<const colibri::ColibriFile> file;
@@ -33,6 +58,9 @@ struct colibri_model {
   // deadlocking on `mu`.
   std::mutex mu;
   std::atomic<std::thread::id> owner{};
+  CapiRequests requests;  // colibri_submit (the thread starts on the first one)
+
+  ~colibri_model();
 
   const colibri::Tokenizer& tokenizer() {
     if (!tok) tok = colibri::open_tokenizer(*file);
@@ -95,6 +123,108 @@ class HandleLock {
   colibri_model* m_;
   std::unique_lock<std::mutex> lock_;
 };
+
+// The blocking calls share the engine's KV cache with submitted requests:
+// refused while any is unfinished (colibri.h).
+void refuse_if_requests(colibri_model* m) {
+  if (m->requests.active.load() > 0)
+    throw colibri::Error(colibri::Status::InvalidArgument,
+                         "this handle is running requests from colibri_submit; a blocking call would share its KV "
+                         "cache: wait until they end, or use a second handle");
+}
+
+const char* static_reason(const std::string& r) {
+  for (const char* k : {"eos", "stop", "length", "cancelled", "interrupted", "error"})
+    if (r == k) return k;
+  return "error";
+}
+
+// A request ended: record why, then tell its callback.
+void end_request(CapiRequests& q, int64_t id, const char* reason) {
+  colibri_request_callback cb = nullptr;
+  void* user = nullptr;
+  {
+    std::lock_guard<std::mutex> g(q.mu);
+    auto it = q.state.find(id);
+    if (it == q.state.end() || it->second.finish) return;
+    it->second.finish = reason;
+    cb = it->second.cb, user = it->second.user;
+  }
+  q.active.fetch_sub(1);
+  if (cb) cb(user, id, -1, reason);
+}
+
+// The request thread: takes the inbox, steps the scheduler while anything runs.
+void request_loop(colibri_model* m) {
+  CapiRequests& q = m->requests;
+  std::unique_ptr<colibri::Scheduler> sched;
+  std::unordered_map<int64_t, int64_t> capi_id;  // scheduler id -> request id
+  for (;;) {
+    std::deque<std::pair<int64_t, colibri::Request>> inbox;
+    std::vector<int64_t> cancels;
+    {
+      std::unique_lock<std::mutex> l(q.mu);
+      q.cv.wait(l, [&] { return q.stop || !q.inbox.empty() || !q.cancels.empty() || (sched && !sched->idle()); });
+      if (q.stop && (!sched || sched->idle()) && q.inbox.empty()) break;
+      inbox.swap(q.inbox);
+      cancels.swap(q.cancels);
+    }
+    HandleLock lock(m);
+    if (!sched) sched = std::make_unique<colibri::Scheduler>(*m->engine, colibri::SchedulerOptions{});
+    for (auto& [id, req] : inbox) {
+      const int64_t rid = id;
+      colibri::RequestCallbacks rc;
+      rc.on_token = [&q, rid](int, int32_t t) {
+        colibri_request_callback cb = nullptr;
+        void* user = nullptr;
+        {
+          std::lock_guard<std::mutex> g(q.mu);
+          auto& st = q.state[rid];
+          st.tokens.push_back(t);
+          cb = st.cb, user = st.user;
+        }
+        if (cb) cb(user, rid, t, nullptr);
+        return true;
+      };
+      rc.on_finish = [&q, rid](int64_t, const colibri::SequenceOutput& o) {
+        end_request(q, rid, static_reason(o.finish_reason));
+      };
+      try {
+        const int64_t sid = sched->submit(std::move(req), std::move(rc));
+        capi_id[sid] = rid;
+        std::lock_guard<std::mutex> g(q.mu);
+        q.state[rid].sched_id = sid;
+      } catch (const colibri::Error& e) {
+        spdlog::warn("request {}: {}", rid, e.what());
+        end_request(q, rid, "error");
+      }
+    }
+    for (int64_t id : cancels) {
+      int64_t sid = -1;
+      {
+        std::lock_guard<std::mutex> g(q.mu);
+        auto it = q.state.find(id);
+        if (it != q.state.end()) sid = it->second.sched_id;
+      }
+      if (sid >= 0) sched->cancel(sid);
+    }
+    try {
+      sched->step();
+    } catch (const colibri::Error& e) {
+      // The scheduler ended every unfinished request with "error" (on_finish).
+      spdlog::error("requests: {}", e.what());
+    }
+    // Finished requests' outputs are kept in our state: drop the scheduler's.
+    for (auto it = capi_id.begin(); it != capi_id.end();) {
+      if (sched->finished(it->first)) {
+        sched->take(it->first);
+        it = capi_id.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
 
 std::vector<colibri::Request> make_requests(const int32_t* const* prompts, const int32_t* lengths, int32_t n) {
   check_arg(prompts != nullptr && lengths != nullptr, "prompts and lengths must not be NULL");
@@ -181,6 +311,7 @@ colibri_status colibri_infer(colibri_model* model, const int32_t* const* prompts
   return guarded([&] {
     check_arg(model != nullptr, "model must not be NULL");
     HandleLock lock(model);
+    refuse_if_requests(model);
     auto reqs = make_requests(prompts, lengths, n_sequences);
     for (auto& r : reqs) r.max_new_tokens = 0;
     colibri::GenerateOptions go;
@@ -203,6 +334,7 @@ colibri_status colibri_generate(colibri_model* model, const int32_t* const* prom
   colibri_status st = guarded([&] {
     check_arg(model != nullptr, "model must not be NULL");
     HandleLock lock(model);
+    refuse_if_requests(model);
     colibri_sampling s = sampling ? *sampling : colibri_default_sampling();
     auto reqs = make_requests(prompts, lengths, n_sequences);
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -281,6 +413,7 @@ colibri_status colibri_generate_text(colibri_model* model, const char* const* pr
   colibri_status st = guarded([&] {
     check_arg(model != nullptr, "model must not be NULL");
     HandleLock lock(model);
+    refuse_if_requests(model);
     check_arg(prompts != nullptr && n_sequences > 0, "prompts must not be NULL and n_sequences must be > 0");
     check_arg(n_stop >= 0 && (n_stop == 0 || stop != nullptr), "stop must hold n_stop strings");
     std::vector<std::string> stops;
@@ -343,8 +476,94 @@ colibri_status colibri_generate_text(colibri_model* model, const char* const* pr
   return st;
 }
 
+colibri_status colibri_submit(colibri_model* model, const int32_t* prompt, int32_t length,
+                              const colibri_sampling* sampling, colibri_request_callback callback, void* user_data,
+                              int64_t* request) {
+  return guarded([&] {
+    check_arg(model != nullptr && request != nullptr, "model and request must not be NULL");
+    check_arg(length > 0 && prompt != nullptr, "the prompt must hold at least one token id");
+    const colibri_sampling s = sampling ? *sampling : colibri_default_sampling();
+    colibri::Request r;
+    r.prompt.assign(prompt, prompt + length);
+    r.max_new_tokens = s.max_new_tokens;
+    r.ignore_eos = s.ignore_eos != 0;
+    r.stop_ids = colibri::eos_token_ids(model->file->config());
+    r.sampling = {s.temperature, s.top_k, s.top_p, s.seed};
+    model->engine->validate_request(r, "the request");  // const: reads the model's limits only
+    CapiRequests& q = model->requests;
+    {
+      std::lock_guard<std::mutex> g(q.mu);
+      check_arg(!q.stop, "the handle is being freed");
+      const int64_t id = q.next_id++;
+      auto& st = q.state[id];
+      st.cb = callback, st.user = user_data;
+      q.active.fetch_add(1);
+      q.inbox.emplace_back(id, std::move(r));
+      *request = id;
+      if (!q.thread.joinable()) q.thread = std::thread(request_loop, model);
+    }
+    q.cv.notify_one();
+  });
+}
+
+colibri_status colibri_poll(colibri_model* model, int64_t request, int32_t* tokens, size_t capacity,
+                            size_t* n_tokens, const char** finish_reason) {
+  return guarded([&] {
+    check_arg(model != nullptr && n_tokens != nullptr, "model and n_tokens must not be NULL");
+    CapiRequests& q = model->requests;
+    std::lock_guard<std::mutex> g(q.mu);
+    auto it = q.state.find(request);
+    check_arg(it != q.state.end(), "unknown request id (never submitted, or released)");
+    const auto& st = it->second;
+    *n_tokens = st.tokens.size();
+    if (finish_reason) *finish_reason = st.finish;
+    if (tokens == nullptr && capacity == 0) return;
+    check_arg(capacity >= st.tokens.size(), "the token buffer is too small (*n_tokens says how many)");
+    check_arg(tokens != nullptr, "tokens must not be NULL with a capacity");
+    std::copy(st.tokens.begin(), st.tokens.end(), tokens);
+  });
+}
+
+colibri_status colibri_cancel(colibri_model* model, int64_t request) {
+  return guarded([&] {
+    check_arg(model != nullptr, "model must not be NULL");
+    CapiRequests& q = model->requests;
+    {
+      std::lock_guard<std::mutex> g(q.mu);
+      auto it = q.state.find(request);
+      check_arg(it != q.state.end(), "unknown request id (never submitted, or released)");
+      if (it->second.finish) return;
+      q.cancels.push_back(request);
+    }
+    q.cv.notify_one();
+  });
+}
+
+colibri_status colibri_release(colibri_model* model, int64_t request) {
+  return guarded([&] {
+    check_arg(model != nullptr, "model must not be NULL");
+    CapiRequests& q = model->requests;
+    std::lock_guard<std::mutex> g(q.mu);
+    auto it = q.state.find(request);
+    check_arg(it != q.state.end(), "unknown request id (never submitted, or released)");
+    check_arg(it->second.finish != nullptr, "the request is still running (colibri_cancel it first)");
+    q.state.erase(it);
+  });
+}
+
 void colibri_free(colibri_model* model) { delete model; }
 
 const char* colibri_last_error(void) { return g_last_error.c_str(); }
 
 }  // extern "C"
+
+colibri_model::~colibri_model() {
+  {
+    std::lock_guard<std::mutex> g(requests.mu);
+    requests.stop = true;
+    for (auto& [id, st] : requests.state)
+      if (!st.finish) requests.cancels.push_back(id);
+  }
+  requests.cv.notify_one();
+  if (requests.thread.joinable()) requests.thread.join();
+}
