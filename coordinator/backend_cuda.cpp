@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "coordinator/backend.h"
+#include "coordinator/kv_cache.h"
 #include "coordinator/router.h"
 #include "model/error.h"
 #include "worker/gpu_experts.h"
@@ -139,7 +140,11 @@ class CudaBackend final : public DenseBackend {
       for (const FfnWeights* f : {&w.dense, &w.shared})
         if (f->gate) weights += static_cast<uint64_t>(3) * 2 * (f == &w.dense ? p_.dense_inter : p_.shared_inter) * H;
     }
-    kv_bytes_ = static_cast<uint64_t>(p_.layers) * o.max_batch * o.max_ctx * (KW + VW) * 4;
+    // The paged cache (coordinator/kv_cache.h): the pool's blocks, addressed through its tables.
+    if (!o.kv_pool) throw Error(Status::Internal, "the CUDA backend needs the engine's KV block pool");
+    kv_rows_ = o.kv_pool->num_blocks() * o.kv_pool->block_tokens();
+    table_ints_ = o.kv_pool->max_slots() * o.kv_pool->blocks_per_slot();
+    kv_bytes_ = static_cast<uint64_t>(p_.layers) * kv_rows_ * (KW + VW) * 4;
     const int64_t XB = std::max({H, Q, ATT, QR, LQ});
     act_bytes_ = static_cast<uint64_t>(R) * 4 * (6 * H + Q + 2 * KW + ATT + QR + QCAT + LQ + E + 2 * K + V + 4) +
                  static_cast<uint64_t>(R) * 2 * XB;
@@ -153,13 +158,13 @@ class CudaBackend final : public DenseBackend {
       throw Error(Status::OutOfMemory,
                   who + "the dense part needs " + std::to_string(need >> 20) + " MiB on GPU " + std::to_string(o.device) +
                       " (weights " + std::to_string(weights >> 20) + " MiB, KV cache " + std::to_string(kv_bytes_ >> 20) +
-                      " MiB for " + std::to_string(o.max_batch) + " x " + std::to_string(o.max_ctx) +
+ " MiB for " + std::to_string(kv_rows_) +
                       " positions, activations " + std::to_string(act_bytes_ >> 20) + " MiB), " +
                       std::to_string(free_b >> 20) + " MiB are free (a smaller --max-context or --max-batch, or "
                       "--coordinator-device cpu)");
-    spdlog::info("rank {}: the dense part on GPU {}: weights {} MiB, KV cache {} MiB ({} x {} positions), "
-                 "activations {} MiB; {} MiB free", o.rank, o.device, weights >> 20, kv_bytes_ >> 20, o.max_batch,
-                 o.max_ctx, act_bytes_ >> 20, free_b >> 20);
+    spdlog::info("rank {}: the dense part on GPU {}: weights {} MiB, KV cache {} MiB ({} positions in blocks of {}), "
+                 "activations {} MiB; {} MiB free", o.rank, o.device, weights >> 20, kv_bytes_ >> 20, kv_rows_,
+                 o.kv_pool->block_tokens(), act_bytes_ >> 20, free_b >> 20);
 
     // Weights.
     embd_dtype_ = static_cast<int>(embd.dtype);
@@ -183,8 +188,8 @@ class CudaBackend final : public DenseBackend {
     sin_ = upload_f32(sn);
 
     // KV cache and activations.
-    kcache_ = DeviceBuffer(static_cast<size_t>(p_.layers) * o.max_batch * o.max_ctx * KW * 4);
-    if (VW) vcache_ = DeviceBuffer(static_cast<size_t>(p_.layers) * o.max_batch * o.max_ctx * VW * 4);
+    kcache_ = DeviceBuffer(static_cast<size_t>(p_.layers) * kv_rows_ * KW * 4);
+    if (VW) vcache_ = DeviceBuffer(static_cast<size_t>(p_.layers) * kv_rows_ * VW * 4);
     auto f32 = [&](int64_t w) { return DeviceBuffer(static_cast<size_t>(std::max<int64_t>(R * w, 1)) * 4); };
     for (Act a : {Act::X, Act::Xn, Act::Tmp, Act::Moe, Act::Gathered}) buf(a) = f32(H);
     buf(Act::Q) = f32(Q), buf(Act::K) = f32(KW), buf(Act::Att) = f32(ATT);
@@ -195,8 +200,9 @@ class CudaBackend final : public DenseBackend {
     logits_ = f32(V), rlogits_ = f32(E), weights_ = f32(K);
     xb_ = DeviceBuffer(static_cast<size_t>(R * XB) * 2);
     experts_ = f32(K);  // int32, same size
-    ints_ = DeviceBuffer(static_cast<size_t>(4 * R) * 4);  // tokens, seqs, pos, wanted rows
-    h_ints_ = PinnedBuffer(static_cast<size_t>(4 * R) * 4);
+    // tokens, seqs, pos, wanted rows, then the KV block tables
+    ints_ = DeviceBuffer(static_cast<size_t>(4 * R + table_ints_) * 4);
+    h_ints_ = PinnedBuffer(static_cast<size_t>(4 * R + table_ints_) * 4);
     if (!o.device_moe) {
       h_xn_ = PinnedBuffer(static_cast<size_t>(R * H) * 4);
       h_moe_ = PinnedBuffer(static_cast<size_t>(R * H) * 4);
@@ -234,6 +240,7 @@ class CudaBackend final : public DenseBackend {
     int64_t m = 0;
     for (int64_t i = 0; i < n; ++i)
       if (want[i]) hi[3 * R + m++] = static_cast<int32_t>(i);
+    std::copy(o_.kv_pool->tables(), o_.kv_pool->tables() + table_ints_, hi + 4 * R);
     n_ = n, m_ = m;
     // Passes of decode size whose every row wants logits replay the graphs of their stretches.
     graphs_on_ = use_graphs_ && !o_.sync_stages && m == n && n <= o_.max_batch;
@@ -241,9 +248,9 @@ class CudaBackend final : public DenseBackend {
     pending_.clear();
     start_stretch();
     const int32_t* d_tok = ints_.as<const int32_t>();
-    d_seq_ = d_tok + R, d_pos_ = d_tok + 2 * R, d_want_ = d_tok + 3 * R;
+    d_seq_ = d_tok + R, d_pos_ = d_tok + 2 * R, d_want_ = d_tok + 3 * R, d_blocks_ = d_tok + 4 * R;
     void* dst = ints_.get();
-    const size_t bytes = static_cast<size_t>(4 * R) * 4;
+    const size_t bytes = static_cast<size_t>(4 * R + table_ints_) * 4;
     // h_ints_ is read when the copy executes: the previous pass ended with the stream synchronised.
     issue([=, this] { cuda::copy_async(dst, hi, bytes, cuda::Copy::HostToDevice, s_); });
   }
@@ -321,12 +328,13 @@ class CudaBackend final : public DenseBackend {
   }
 
   void kv_store(int layer, const float* k, int64_t ldk, const float* v, int64_t ldv) override {
-    const int64_t n = n_, KW = p_.kv_width, ctx = o_.max_ctx;
+    const int64_t n = n_, KW = p_.kv_width;
     float *kc = layer_k(layer), *vc = v ? layer_v(layer) : nullptr;
     const int32_t *seq = d_seq_, *pos = d_pos_;
+    const cuda::KvLayout kl = kv_layout();
     issue([=, this] {
-      cuda::kv_store(k, ldk, n, KW, kc, ctx, seq, pos, s_);
-      if (v) cuda::kv_store(v, ldv, n, KW, vc, ctx, seq, pos, s_);
+      cuda::kv_store(k, ldk, n, KW, kc, kl, seq, pos, s_);
+      if (v) cuda::kv_store(v, ldv, n, KW, vc, kl, seq, pos, s_);
     });
   }
 
@@ -335,6 +343,7 @@ class CudaBackend final : public DenseBackend {
     a.q = op.q, a.ldq = op.ldq, a.q_head_stride = op.q_head_stride;
     a.k = layer_k(layer), a.v = op.latent ? layer_k(layer) : layer_v(layer);
     a.k_stride = p_.kv_width, a.v_stride = p_.kv_width, a.max_ctx = o_.max_ctx;
+    a.blocks = d_blocks_, a.blocks_per_seq = o_.kv_pool->blocks_per_slot(), a.block_tokens = o_.kv_pool->block_tokens();
     a.k_head_offset = op.latent ? 0 : op.dk, a.v_head_offset = op.latent ? 0 : op.dv;
     a.heads = op.heads, a.group = op.group, a.dk = op.dk, a.dv = op.dv;
     a.seqs = d_seq_, a.pos = d_pos_, a.rows = n_, a.window = op.window, a.scale = op.scale;
@@ -555,11 +564,10 @@ class CudaBackend final : public DenseBackend {
     return nullptr;
   }
 
-  float* layer_k(int l) const {
-    return kcache_.as<float>() + static_cast<size_t>(l) * o_.max_batch * o_.max_ctx * p_.kv_width;
-  }
-  float* layer_v(int l) const {
-    return vcache_.as<float>() + static_cast<size_t>(l) * o_.max_batch * o_.max_ctx * p_.v_width;
+  float* layer_k(int l) const { return kcache_.as<float>() + static_cast<size_t>(l) * kv_rows_ * p_.kv_width; }
+  float* layer_v(int l) const { return vcache_.as<float>() + static_cast<size_t>(l) * kv_rows_ * p_.v_width; }
+  cuda::KvLayout kv_layout() const {
+    return {o_.max_ctx, d_blocks_, o_.kv_pool->blocks_per_slot(), o_.kv_pool->block_tokens()};
   }
 
   // A stretch between host waits begins: with graphs on, is its graph for
@@ -615,6 +623,8 @@ class CudaBackend final : public DenseBackend {
   std::unique_ptr<cuda::Event> routed_ready_;  // the MoE layer's rows and choices are on the host
   bool latent_ = false, head_shared_ = false;
   uint64_t kv_bytes_ = 0, act_bytes_ = 0;
+  int64_t kv_rows_ = 0, table_ints_ = 0;  // the cache's rows per layer (blocks x block size); the tables' ints
+  const int32_t* d_blocks_ = nullptr;     // the block tables on the device (in ints_)
   cuda::RouteScoring scoring_ = cuda::RouteScoring::Softmax;
   cuda::RouteGroups groups_ = cuda::RouteGroups::None;
   int embd_dtype_ = 0;

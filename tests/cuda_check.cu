@@ -194,7 +194,7 @@ void bench_dense() {
     const int64_t srows = 2048;
     DeviceBuffer src = upload(random_f32(rng, static_cast<size_t>(srows * KV), 1.0f));
     const double kms = median_ms(
-        [&] { kv_store(src.as<float>(), KV, srows, KV, kc.as<float>(), ctx, dps.as<int32_t>(), dpp.as<int32_t>(), nullptr); },
+        [&] { kv_store(src.as<float>(), KV, srows, KV, kc.as<float>(), KvLayout{ctx}, dps.as<int32_t>(), dpp.as<int32_t>(), nullptr); },
         20);
     row("kv_store (2048 rows of 1024)", kms, 2.0 * srows * KV * 4);
   }

@@ -488,9 +488,9 @@ void check_attention_case(std::mt19937_64& rng, const AttnLayout& L, const std::
   DeviceBuffer dkc = nan_buffer(kh.size()), dvc = nan_buffer(L.mla ? 1 : vh.size());
   {
     DeviceBuffer dks = upload(ksrc), dvs = upload(vsrc), dss = upload(st_seq), dps = upload(st_pos);
-    kv_store(dks.as<float>(), lds, stored, width, dkc.as<float>(), C, dss.as<int32_t>(), dps.as<int32_t>(), nullptr);
+    kv_store(dks.as<float>(), lds, stored, width, dkc.as<float>(), KvLayout{C}, dss.as<int32_t>(), dps.as<int32_t>(), nullptr);
     if (!L.mla)
-      kv_store(dvs.as<float>(), lds, stored, width, dvc.as<float>(), C, dss.as<int32_t>(), dps.as<int32_t>(), nullptr);
+      kv_store(dvs.as<float>(), lds, stored, width, dvc.as<float>(), KvLayout{C}, dss.as<int32_t>(), dps.as<int32_t>(), nullptr);
     synchronize();
     const auto kc = download<float>(dkc, kh.size());
     size_t bad = 0;
@@ -560,6 +560,35 @@ void check_attention_case(std::mt19937_64& rng, const AttnLayout& L, const std::
   CHECK(bad == 0, "attention %s (%lld rows, %lld heads, group %lld, dk %lld, dv %lld, window %lld%s): %zu elements off "
         "(worst relative %.3g)", L.name, (long long)rows, (long long)L.heads, (long long)group, (long long)L.dk,
         (long long)L.dv, (long long)L.window, L.sinks ? ", sinks" : "", bad, worst);
+
+  // The same rows in a paged cache (coordinator/kv_cache.h): blocks of 16
+  // positions anywhere in a pool with spare blocks, a random block table; the
+  // outputs are bitwise those of the contiguous cache.
+  const int64_t B = 16, bps = (C + B - 1) / B, pool = S * bps + 7;
+  std::vector<int32_t> perm(static_cast<size_t>(pool));
+  for (int64_t i = 0; i < pool; ++i) perm[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  const std::vector<int32_t> table(perm.begin(), perm.begin() + S * bps);
+  DeviceBuffer dtab = upload(table);
+  DeviceBuffer pkc = nan_buffer(static_cast<size_t>(pool * B * width)), pvc = nan_buffer(L.mla ? 1 : static_cast<size_t>(pool * B * width));
+  KvLayout kl{C, dtab.as<int32_t>(), bps, B};
+  {
+    DeviceBuffer dks = upload(ksrc), dvs = upload(vsrc), dss = upload(st_seq), dps = upload(st_pos);
+    kv_store(dks.as<float>(), lds, stored, width, pkc.as<float>(), kl, dss.as<int32_t>(), dps.as<int32_t>(), nullptr);
+    if (!L.mla) kv_store(dvs.as<float>(), lds, stored, width, pvc.as<float>(), kl, dss.as<int32_t>(), dps.as<int32_t>(), nullptr);
+  }
+  DeviceBuffer pout = nan_buffer(static_cast<size_t>(rows * ldo));
+  AttentionArgs pa = a;
+  pa.k = pkc.as<float>(), pa.v = L.mla ? pkc.as<float>() : pvc.as<float>();
+  pa.blocks = dtab.as<int32_t>(), pa.blocks_per_seq = bps, pa.block_tokens = B;
+  pa.out = pout.as<float>();
+  attention(pa, nullptr);
+  synchronize();
+  const auto pgot = download<float>(pout, static_cast<size_t>(rows * ldo));
+  size_t pbad = 0;
+  for (size_t i = 0; i < pgot.size(); ++i) pbad += !(same_bits(pgot[i], out[i]) || (std::isnan(pgot[i]) && std::isnan(out[i])));
+  CHECK(pbad == 0, "attention %s over a paged cache: %zu of %zu elements differ from the contiguous cache's", L.name,
+        pbad, pgot.size());
 }
 
 void check_attention(std::mt19937_64& rng) {

@@ -200,13 +200,19 @@ __global__ void embed_kernel(const void* __restrict__ table, const int32_t* __re
 // Rows whose position is outside [0, max_ctx) or whose sequence is negative are
 // skipped (the host validates them; this only keeps a bad value from writing
 // outside the cache's rows).
+// The cache row of position t of sequence s (KvLayout).
+__device__ __forceinline__ int64_t kv_row(const int32_t* blocks, int64_t bps, int64_t bt, int64_t max_ctx, int64_t s,
+                                          int64_t t) {
+  return blocks ? static_cast<int64_t>(blocks[s * bps + t / bt]) * bt + t % bt : s * max_ctx + t;
+}
+
 __global__ void kv_store_kernel(const float* __restrict__ src, int64_t lds, int64_t rows, int64_t width,
-                                float* __restrict__ cache, int64_t max_ctx, const int32_t* __restrict__ seqs,
+                                float* __restrict__ cache, KvLayout kv, const int32_t* __restrict__ seqs,
                                 const int32_t* __restrict__ pos) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t s = seqs[r], p = pos[r];
-    if (s < 0 || p < 0 || p >= max_ctx) continue;
-    float* dst = cache + (s * max_ctx + p) * width;
+    if (s < 0 || p < 0 || p >= kv.max_ctx) continue;
+    float* dst = cache + kv_row(kv.blocks, kv.blocks_per_seq, kv.block_tokens, kv.max_ctx, s, p) * width;
     for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[r * lds + i];
   }
 }
@@ -246,8 +252,8 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) attention_kernel(const Att
       q[j] = idx < p.dk ? qv[idx] : 0.0f;
       acc[j] = 0.0f;
     }
-    const float* kb = p.k + s * p.max_ctx * p.k_stride + kvh * p.k_head_offset;
-    const float* vb = p.v + s * p.max_ctx * p.v_stride + kvh * p.v_head_offset;
+    const float* kb = p.k + kvh * p.k_head_offset;
+    const float* vb = p.v + kvh * p.v_head_offset;
     float m = -INFINITY, l = 0.0f;
     for (int64_t t = start + warp; t <= pos; t += static_cast<int64_t>(U) * nw) {
       float sc[U];
@@ -256,7 +262,7 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) attention_kernel(const Att
       for (int u = 0; u < U; ++u) {
         const int64_t tu = t + static_cast<int64_t>(u) * nw;
         live[u] = tu <= pos;
-        const float* kr = kb + (live[u] ? tu : t) * p.k_stride;
+        const float* kr = kb + kv_row(p.blocks, p.blocks_per_seq, p.block_tokens, p.max_ctx, s, live[u] ? tu : t) * p.k_stride;
         float d = 0.0f;
 #pragma unroll
         for (int j = 0; j < N; ++j) {
@@ -287,7 +293,8 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) attention_kernel(const Att
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (!live[u]) continue;
-        const float* vr = vb + (t + static_cast<int64_t>(u) * nw) * p.v_stride;
+        const float* vr =
+            vb + kv_row(p.blocks, p.blocks_per_seq, p.block_tokens, p.max_ctx, s, t + static_cast<int64_t>(u) * nw) * p.v_stride;
 #pragma unroll
         for (int j = 0; j < N; ++j) {
           const int idx = lane + 32 * j;
@@ -674,16 +681,20 @@ void embed(const void* table, int dtype, const int32_t* tokens, int64_t rows, in
   COLIBRI_CUDA_LAUNCH_CHECK("embed_kernel");
 }
 
-void kv_store(const float* src, int64_t lds, int64_t rows, int64_t width, float* cache, int64_t max_ctx,
+void kv_store(const float* src, int64_t lds, int64_t rows, int64_t width, float* cache, const KvLayout& kv,
               const int32_t* seqs, const int32_t* pos, void* stream) {
   static const char* fn = "kv_store";
+  const int64_t max_ctx = kv.max_ctx;
   DENSE_REQUIRE(rows >= 0 && width >= 1 && max_ctx >= 1, fn, "bad shape: " + num(rows) + " rows of " + num(width) +
                                                                  ", context " + num(max_ctx));
+  DENSE_REQUIRE(!kv.blocks || (kv.block_tokens >= 1 && kv.blocks_per_seq * kv.block_tokens >= max_ctx), fn,
+                "a block table of " + num(kv.blocks_per_seq) + " blocks of " + num(kv.block_tokens) +
+                    " positions does not cover the context " + num(max_ctx));
   DENSE_REQUIRE(lds >= width, fn, "row stride " + num(lds) + " below the width " + num(width));
   if (rows == 0) return;
   DENSE_REQUIRE(src && cache && seqs && pos, fn, "null device pointer");
   kv_store_kernel<<<row_blocks(rows), width >= 256 ? 256 : 64, 0, as_stream(stream)>>>(src, lds, rows, width, cache,
-                                                                                         max_ctx, seqs, pos);
+                                                                                         kv, seqs, pos);
   COLIBRI_CUDA_LAUNCH_CHECK("kv_store_kernel");
 }
 
@@ -694,6 +705,9 @@ void attention(const AttentionArgs& a, void* stream) {
   DENSE_REQUIRE(a.dk >= 1 && a.dk <= kAttnMaxDim && a.dv >= 1 && a.dv <= kAttnMaxDim, fn,
                 "head dims " + num(a.dk) + ", " + num(a.dv) + " (1 to 1024 each)");
   DENSE_REQUIRE(a.max_ctx >= 1 && a.window >= 0, fn, "context " + num(a.max_ctx) + ", window " + num(a.window));
+  DENSE_REQUIRE(!a.blocks || (a.block_tokens >= 1 && a.blocks_per_seq * a.block_tokens >= a.max_ctx), fn,
+                "a block table of " + num(a.blocks_per_seq) + " blocks of " + num(a.block_tokens) +
+                    " positions does not cover the context " + num(a.max_ctx));
   DENSE_REQUIRE(a.ldq >= 0 && a.q_head_stride >= 0 && a.k_stride >= 0 && a.v_stride >= 0 && a.k_head_offset >= 0 &&
                     a.v_head_offset >= 0 && a.ldo >= 0 && a.o_head_stride >= 0,
                 fn, "negative stride");
