@@ -267,6 +267,7 @@ TEST_F(CapiThreads, NThreadsOutOfRangeIsRefused) {
 // alone; one is cancelled; blocking calls are refused while requests run; a
 // handle freed with requests in flight ends them.
 struct Seen {
+  int sleep_us = 0;  // per token: keeps requests running (the request thread waits)
   std::mutex mu;
   std::map<int64_t, std::vector<int32_t>> tokens;
   std::map<int64_t, std::string> finish;
@@ -274,11 +275,14 @@ struct Seen {
 
 void on_request(void* user, int64_t id, int32_t token, const char* finish) {
   auto* s = static_cast<Seen*>(user);
-  std::lock_guard<std::mutex> g(s->mu);
-  if (finish)
-    s->finish[id] = finish;
-  else
-    s->tokens[id].push_back(token);
+  {
+    std::lock_guard<std::mutex> g(s->mu);
+    if (finish)
+      s->finish[id] = finish;
+    else
+      s->tokens[id].push_back(token);
+  }
+  if (!finish && s->sleep_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(s->sleep_us));
 }
 
 TEST_F(CapiThreads, SubmittedRequestsMatchEachAloneFromManyThreads) {
@@ -371,6 +375,7 @@ TEST_F(CapiThreads, CancelAndFreeEndRunningRequests) {
   s.max_new_tokens = 100;  // long: still running when cancelled (the context is 128)
   s.ignore_eos = 1;
   Seen seen;
+  seen.sleep_us = 3000;  // 100 tokens: ~0.3 s per request, so b still runs when the handle is freed
   int64_t a = -1, b = -1;
   const std::vector<int32_t>& p = prompts_[0];
   ASSERT_EQ(colibri_submit(m_, p.data(), static_cast<int32_t>(p.size()), &s, on_request, &seen, &a), COLIBRI_OK)
