@@ -78,7 +78,10 @@ std::string batch_hex64(uint64_t v) {
 std::string record_hash(const std::string& custom_id) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : custom_id) h = (h ^ c) * 1099511628211ull;
-  return batch_hex64(h);
+  // splitmix64's finaliser: ids of similar custom_ids look unrelated.
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return batch_hex64(h ^ (h >> 31));
 }
 
 // The output file: created if absent, appended to; one write() per line.

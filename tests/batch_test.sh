@@ -177,6 +177,15 @@ expect_rc 11 "--output a directory" "$BIN" batch -m "$M" --input "$T/req.jsonl" 
 expect_rc 11 "--output = --input" "$BIN" batch -m "$M" --input "$T/req.jsonl" --output "$T/req.jsonl"
 expect_rc 11 "--max-running 0" "$BIN" batch -m "$M" --input "$T/req.jsonl" --output "$T/x.jsonl" --max-running 0
 expect_rc 11 "--max-step-tokens 0" "$BIN" batch -m "$M" --input "$T/req.jsonl" --output "$T/x.jsonl" --max-step-tokens 0
+for o in "--max-running 65537" "--max-step-tokens -1" "--max-context -1" "--kv-cache-mb -1" "--threads 100000"; do
+  # shellcheck disable=SC2086  # the option and its value
+  expect_rc 11 "$o" "$BIN" batch -m "$M" --input "$T/req.jsonl" --output "$T/x.jsonl" $o
+  err_has "${o%% *}"
+done
+expect_rc 11 "--max-context past the model's" "$BIN" batch -m "$M" --input "$T/req.jsonl" --output "$T/x.jsonl" --max-context 16777216
+err_has "positions"
+[ ! -e "$T/x.jsonl" ] || fail "a refused run created its --output"
+pass "refused runs create no output"
 expect_rc 12 "missing model" "$BIN" batch -m "$T/none.colibri" --input "$T/req.jsonl" --output "$T/x.jsonl"
 expect_rc 12 "output in a missing folder" "$BIN" batch -m "$M" --input "$T/req.jsonl" --output "$T/no/such/x.jsonl"
 expect_rc 0 "--help" "$BIN" batch --help
