@@ -676,7 +676,9 @@ int cmd_batch_impl(int argc, char** argv) {
           if (input_done) break;
           continue;
         }
-        sched.step();
+        // NOTE: not idle yet nothing to run would spin for ever (submit refuses what the cache cannot hold).
+        if (!sched.step() && !sched.idle() && !sched.step())
+          throw Error(Status::Internal, "the scheduler has requests but runs none");
         for (int64_t id : finished) write_result(id);
         finished.clear();
         out.sync();
