@@ -364,6 +364,22 @@ for l in open(sys.argv[1]):
     print("sequence %d: %s" % ("ab".index(r["custom_id"]), ",".join(map(str, ids))))' "$T/batch-out.jsonl" | sort)
       [ "$got" = "$REF" ] || fail "job $id: batch results differ from one-process generate:"$'\n'"$got"$'\nexpected:\n'"$REF"
       echo "   ok: the tokens of one-process generate, in $T/batch-out.jsonl"
+      # The template is requeueable: requeue the finished job; its second start resumes
+      # on the same output (skips both requests) and appends to the same log.
+      scontrol requeue "$id" 2>"$T/log/requeue.err" || fail "job $id: scontrol requeue failed: $(cat "$T/log/requeue.err")"
+      # NOTE: slurmctld makes a requeued job eligible only after a delay (its BeginTime); start it now.
+      scontrol update JobId="$id" StartTime=now 2>>"$T/log/requeue.err" || true
+      for ((i = 0; i < 180; i++)); do # 90 s
+        JSTATE=$(scontrol show job "$id" 2>/dev/null | tr ' ' '\n' | sed -n 's/^JobState=//p')
+        [ "$JSTATE" = COMPLETED ] && grep -q '^batch: 0 requests done, 2 skipped' "$OUT" && break
+        sleep 0.5
+      done
+      sed -n '/restart 1/,$p' "$OUT" | sed 's/^/   | /'
+      check '^colibri job [0-9]+: 2 ranks .*restart 1' "requeued: the job started again"
+      check '^batch: 0 requests done, 2 skipped' "the rerun skipped both requests"
+      check '^colibri job [0-9]+: 2 ranks .*restart 0' "the first start's log kept (--open-mode=append)"
+      [ "$(wc -l <"$T/batch-out.jsonl")" -eq 2 ] || fail "job $id: the output should still hold 2 results"
+      echo "   ok: still 2 results after the requeue"
       continue
       ;;
   esac
