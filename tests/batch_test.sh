@@ -4,7 +4,8 @@
 # lines equal to `colibri generate` of each request alone (greedy, sampled with
 # seeds, stop strings, EOS), the output format, bad lines as error records (exit
 # 0 with the count), resume after kill -9 (each custom_id once, no torn line,
-# results equal to an uninterrupted run), mpirun -np 2 equal to one process, a
+# results equal to an uninterrupted run), the progress line on a terminal, mpirun -np 2
+# equal to one process, a
 # SIGTERM, and the exit codes of bad arguments.
 # usage: batch_test.sh COLIBRI [FIXTURES_DIR]
 set -euo pipefail
@@ -136,6 +137,16 @@ python3 "$HERE/batch_check.py" same "$T/killed.jsonl" "$T/ref.jsonl" || fail "re
 pass "every custom_id exactly once, no torn line, equal to the uninterrupted run"
 expect_rc 0 "a third run skips everything" "$BIN" "${BB[@]}" --output "$T/killed.jsonl"
 err_has "0 requests done, 200 skipped"
+
+if command -v script >/dev/null; then
+  # On a terminal: the progress line (done / total, tokens/s, ETA) before the summary.
+  script -qec "$(printf '%q ' "$BIN" "${BB[@]}" --output "$T/tty.jsonl" --log-level warn)" /dev/null >"$T/tty.out" 2>&1 </dev/null ||
+    fail "colibri batch on a terminal failed: $(tail -n 5 "$T/tty.out")"
+  tr '\r' '\n' <"$T/tty.out" | grep -qE '^batch: [0-9]+ / 200 requests, [0-9]+ running, [0-9.]+ tokens/s, ETA ' ||
+    fail "no progress line on a terminal: $(tail -n 5 "$T/tty.out")"
+  grep -q "Progress\|/ 200 requests" "$T/err" && fail "a progress line on stderr that is not a terminal"
+  pass "a progress line on a terminal, none otherwise"
+fi
 
 # ---------------------------------------------------------------------------
 step "SIGTERM: stops admitting, drops the requests in flight, exit 143"
