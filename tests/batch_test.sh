@@ -4,9 +4,8 @@
 # lines equal to `colibri generate` of each request alone (greedy, sampled with
 # seeds, stop strings, EOS), the output format, bad lines as error records (exit
 # 0 with the count), resume after kill -9 (each custom_id once, no torn line,
-# results equal to an uninterrupted run), the progress line on a terminal, mpirun -np 2
-# equal to one process, a
-# SIGTERM, and the exit codes of bad arguments.
+# results equal to an uninterrupted run), the progress line on a terminal, a
+# SIGTERM, mpirun -np 2 equal to one process, and the exit codes of bad arguments.
 # usage: batch_test.sh COLIBRI [FIXTURES_DIR]
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 <path-to-colibri> [fixtures-dir]" >&2; exit 2; }
