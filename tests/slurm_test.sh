@@ -328,6 +328,7 @@ if [ -f "$MULTI" ]; then submit "$(basename "$MULTI") on 1 node with STAGE_DIR" 
 BATCH_TPL=$(dirname "$TEMPLATE")/colibri-batch.sbatch
 if [ -f "$BATCH_TPL" ]; then
   for p in "a 1,2,3" "b 4,5"; do
+    # shellcheck disable=SC2086  # p is "custom_id ids"
     printf '{"custom_id": "%s", "method": "POST", "url": "/v1/completions", "body": {"prompt": [%s], "max_tokens": 4, "ignore_eos": true, "temperature": 0, "return_token_ids": true}}\n' ${p}
   done >"$T/batch-in.jsonl"
   submit "$(basename "$BATCH_TPL")" "$BATCH_TPL" INPUT="$T/batch-in.jsonl" OUTPUT="$T/batch-out.jsonl" EXTRA_ARGS="--max-running 2"
