@@ -21,6 +21,7 @@ int cmd_stats(int argc, char** argv);
 int cmd_cache_sim(int argc, char** argv);
 int cmd_simulate(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_batch(int argc, char** argv);
 
 // A word as a POSIX shell reads it back (quoted only when it must be).
 std::string shell_quote(const std::string& s);

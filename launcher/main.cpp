@@ -98,6 +98,7 @@ const Command kCommands[] = {
     {"inspect", colibri::cli::cmd_inspect, "show (and verify) a .colibri file"},
     {"generate", colibri::cli::cmd_generate, "generate tokens from prompts of token ids (one process)"},
     {"run", colibri::cli::cmd_run, "generate as an expert-parallel cluster (under mpirun: rank 0 coordinates)"},
+    {"batch", colibri::cli::cmd_batch, "offline inference over a JSONL file of OpenAI Batch API requests (resumable)"},
     {"launch", colibri::cli::cmd_launch, "build and run the mpirun (or srun) command for a cluster run"},
     {"place", colibri::cli::cmd_place, "make an expert placement (which ranks own which experts)"},
     {"stats", colibri::cli::cmd_stats, "aggregate a routing trace into expert-load statistics"},

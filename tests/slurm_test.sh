@@ -10,8 +10,9 @@
 # waits for them, checks their output, and always stops the daemons and every
 # process they started. The jobs: the one-node
 # template plain, with LAUNCH_ARGS=--ucx and with LAUNCH_ARGS="--launcher mpirun",
-# and the multi-node template on this one node with STAGE_DIR (sbcast); each must
-# print the tokens of a one-process `colibri generate` of the same prompts.
+# the multi-node template on this one node with STAGE_DIR (sbcast), and the
+# requeueable colibri-batch.sbatch (colibri batch over two JSONL requests); each must
+# give the tokens of a one-process `colibri generate` of the same prompts.
 #
 # Exit status: 0 pass, 1 fail, 77 skip (not root, or slurm cannot be installed).
 # Environment:
@@ -318,11 +319,20 @@ submit() {
   JOBWHAT[$id]=$what
   echo "   job $id: $what"
 }
-say "sbatch: 4 jobs of 2 tasks running colibri $CMD"
+say "sbatch: the jobs of 2 tasks running colibri $CMD (and colibri batch)"
 submit "$(basename "$TEMPLATE")" "$TEMPLATE"
 submit "$(basename "$TEMPLATE") with LAUNCH_ARGS=--ucx" "$TEMPLATE" LAUNCH_ARGS=--ucx
 submit "$(basename "$TEMPLATE") with LAUNCH_ARGS='--launcher mpirun'" "$TEMPLATE" LAUNCH_ARGS="--launcher mpirun"
 if [ -f "$MULTI" ]; then submit "$(basename "$MULTI") on 1 node with STAGE_DIR" "$MULTI" STAGE_DIR="$T/stage"; fi
+# colibri-batch.sbatch: the same two prompts as OpenAI Batch API lines (docs/batch.md).
+BATCH_TPL=$(dirname "$TEMPLATE")/colibri-batch.sbatch
+if [ -f "$BATCH_TPL" ]; then
+  for p in "a 1,2,3" "b 4,5"; do
+    # shellcheck disable=SC2086  # p is "custom_id ids"
+    printf '{"custom_id": "%s", "method": "POST", "url": "/v1/completions", "body": {"prompt": [%s], "max_tokens": 4, "ignore_eos": true, "temperature": 0, "return_token_ids": true}}\n' ${p}
+  done >"$T/batch-in.jsonl"
+  submit "$(basename "$BATCH_TPL")" "$BATCH_TPL" INPUT="$T/batch-in.jsonl" OUTPUT="$T/batch-out.jsonl" EXTRA_ARGS="--max-running 2"
+fi
 JOBID=${JOBIDS[*]}
 
 for ((i = 0; i < 180; i++)); do # 90 s
@@ -343,6 +353,37 @@ for id in "${JOBIDS[@]}"; do
   if [ "$JSTATE" != COMPLETED ] || [ "$JEXIT" != 0:0 ]; then fail "job $id ended ${JSTATE:-?} with exit code ${JEXIT:-?}"; fi
   check() { grep -qE -- "$1" "$OUT" || fail "job $id: output lacks a line matching '$1'"; echo "   ok: $2"; }
   check '^colibri job [0-9]+: 2 ranks' "the template ran with 2 tasks"
+  case ${JOBWHAT[$id]} in
+    colibri-batch*)
+      check 'srun --mpi=pmix -n 2 --kill-on-bad-exit=1 ' "colibri launch used srun with PMIx"
+      check '^batch: 2 requests done, 0 skipped' "colibri batch answered both requests"
+      # The results' token ids as the reference's 'sequence N: ids' lines (a -> 0, b -> 1).
+      got=$(python3 -c 'import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    ids = r["response"]["body"]["choices"][0]["token_ids"]
+    print("sequence %d: %s" % ("ab".index(r["custom_id"]), ",".join(map(str, ids))))' "$T/batch-out.jsonl" | sort)
+      [ "$got" = "$REF" ] || fail "job $id: batch results differ from one-process generate:"$'\n'"$got"$'\nexpected:\n'"$REF"
+      echo "   ok: the tokens of one-process generate, in $T/batch-out.jsonl"
+      # The template is requeueable: requeue the finished job; its second start resumes
+      # on the same output (skips both requests) and appends to the same log.
+      scontrol requeue "$id" 2>"$T/log/requeue.err" || fail "job $id: scontrol requeue failed: $(cat "$T/log/requeue.err")"
+      # NOTE: slurmctld makes a requeued job eligible only after a delay (its BeginTime); start it now.
+      scontrol update JobId="$id" StartTime=now 2>>"$T/log/requeue.err" || true
+      for ((i = 0; i < 180; i++)); do # 90 s
+        JSTATE=$(scontrol show job "$id" 2>/dev/null | tr ' ' '\n' | sed -n 's/^JobState=//p')
+        [ "$JSTATE" = COMPLETED ] && grep -q '^batch: 0 requests done, 2 skipped' "$OUT" && break
+        sleep 0.5
+      done
+      sed -n '/restart 1/,$p' "$OUT" | sed 's/^/   | /'
+      check '^colibri job [0-9]+: 2 ranks .*restart 1' "requeued: the job started again"
+      check '^batch: 0 requests done, 2 skipped' "the rerun skipped both requests"
+      check '^colibri job [0-9]+: 2 ranks .*restart 0' "the first start's log kept (--open-mode=append)"
+      [ "$(wc -l <"$T/batch-out.jsonl")" -eq 2 ] || fail "job $id: the output should still hold 2 results"
+      echo "   ok: still 2 results after the requeue"
+      continue
+      ;;
+  esac
   case ${JOBWHAT[$id]} in
     *mpirun*) check 'mpirun -np 2 --bind-to none ' "colibri launch used mpirun inside the allocation" ;;
     *) check 'srun --mpi=pmix -n 2 --kill-on-bad-exit=1 ' "colibri launch used srun with PMIx" ;;
