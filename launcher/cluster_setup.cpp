@@ -146,6 +146,19 @@ int set_rank_threads(int threads, int world) {
   return kernels::set_threads(threads);
 }
 
+RankModel open_rank_model(const cxxopts::ParseResult& r, int threads_opt, int rank, int world) {
+  const std::string kn = r["kernels"].as<std::string>();
+  if (kn != "auto" && !kernels::select(kn.c_str()))
+    throw Error(Status::InvalidArgument, "--kernels '" + kn + "' is not available on this CPU (auto, avx512, avx2, generic; avx512/avx2: x86-64 only)");
+  RankModel m;
+  m.threads = set_rank_threads(threads_opt, world);
+  ColibriFile::Options fo;
+  fo.verify_dense = rank == 0 && r.count("no-verify") == 0;
+  m.file = ColibriFile::open(r["model"].as<std::string>(), fo);
+  m.es = expert_setup(r, *m.file, rank, world);
+  return m;
+}
+
 ExpertSetup expert_setup(const cxxopts::ParseResult& r, const ColibriFile& file, int rank, int world) {
   const ModelConfig& cfg = file.config();
   ExpertSetup es;

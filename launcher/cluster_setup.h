@@ -69,6 +69,17 @@ struct ExpertSetup {
 // options, this rank's fault and (rank 0) the routing replay; throws Error(InvalidArgument) naming the option.
 ExpertSetup expert_setup(const cxxopts::ParseResult& r, const ColibriFile& file, int rank, int world);
 
+// What `run` and `batch` do first on every rank: --kernels (auto, or a table
+// this CPU has), --threads for this rank (set_rank_threads), the model file
+// (--model; rank 0 checks the dense tensors' checksums unless --no-verify)
+// and its expert setup. Throws Error(InvalidArgument) naming the option.
+struct RankModel {
+  int threads = 0;
+  std::shared_ptr<const ColibriFile> file;
+  ExpertSetup es;
+};
+RankModel open_rank_model(const cxxopts::ParseResult& r, int threads_opt, int rank, int world);
+
 // A worker rank's whole life: serves until the coordinator stops it.
 void serve_worker(ClusterRuntime& rt, const std::shared_ptr<const ColibriFile>& file, const ExpertSetup& es);
 

@@ -423,16 +423,11 @@ int cmd_batch_impl(int argc, char** argv) {
       check_input(r["input"].as<std::string>(), "--input");
       check_output_options(r, {"output"}, option_paths(r, {"model", "input", "placement", "stats", "routing-replay"}));
     }
-    const std::string kn = r["kernels"].as<std::string>();
-    if (kn != "auto" && !kernels::select(kn.c_str()))
-      throw Error(Status::InvalidArgument, "--kernels '" + kn + "' is not available on this CPU (auto, avx512, avx2, generic; avx512/avx2: x86-64 only)");
-    const int threads = set_rank_threads(threads_opt, world);
-
-    ColibriFile::Options fo;
-    fo.verify_dense = rank == 0 && r.count("no-verify") == 0;
-    auto file = ColibriFile::open(r["model"].as<std::string>(), fo);
+    RankModel rm = open_rank_model(r, threads_opt, rank, world);
+    const int threads = rm.threads;
+    auto file = std::move(rm.file);
     const ModelConfig& cfg = file->config();
-    ExpertSetup es = expert_setup(r, *file, rank, world);
+    ExpertSetup es = std::move(rm.es);
     if (rank != 0) {
       serve_worker(rt, file, es);
       return 0;

@@ -128,16 +128,11 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
 
   return run_guarded(rt, [&]() -> int {
     if (!r.count("model")) throw Error(Status::InvalidArgument, "--model FILE is required");
-    const std::string kn = r["kernels"].as<std::string>();
-    if (kn != "auto" && !kernels::select(kn.c_str()))
-      throw Error(Status::InvalidArgument, "--kernels '" + kn + "' is not available on this CPU (auto, avx512, avx2, generic; avx512/avx2: x86-64 only)");
-    const int threads = set_rank_threads(threads_opt, world);
-
-    ColibriFile::Options fo;
-    fo.verify_dense = rank == 0 && r.count("no-verify") == 0;
-    auto file = ColibriFile::open(r["model"].as<std::string>(), fo);
+    RankModel rm = open_rank_model(r, threads_opt, rank, world);
+    const int threads = rm.threads;
+    auto file = std::move(rm.file);
     const ModelConfig& cfg = file->config();
-    ExpertSetup es = expert_setup(r, *file, rank, world);
+    ExpertSetup es = std::move(rm.es);
     const std::string& fault = es.fault;
     if (rank != 0) {
       serve_worker(rt, file, es);

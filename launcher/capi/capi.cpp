@@ -139,6 +139,13 @@ const char* static_reason(const std::string& r) {
   return "error";
 }
 
+// A submitted, not released request's state (the caller holds q.mu), else Error(InvalidArgument).
+std::unordered_map<int64_t, CapiRequests::State>::iterator known_request(CapiRequests& q, int64_t id) {
+  auto it = q.state.find(id);
+  check_arg(it != q.state.end(), "unknown request id (never submitted, or released)");
+  return it;
+}
+
 // A request ended: record why, then tell its callback.
 void end_request(CapiRequests& q, int64_t id, const char* reason) {
   colibri_request_callback cb = nullptr;
@@ -512,9 +519,7 @@ colibri_status colibri_poll(colibri_model* model, int64_t request, int32_t* toke
     check_arg(model != nullptr && n_tokens != nullptr, "model and n_tokens must not be NULL");
     CapiRequests& q = model->requests;
     std::lock_guard<std::mutex> g(q.mu);
-    auto it = q.state.find(request);
-    check_arg(it != q.state.end(), "unknown request id (never submitted, or released)");
-    const auto& st = it->second;
+    const auto& st = known_request(q, request)->second;
     *n_tokens = st.tokens.size();
     if (finish_reason) *finish_reason = st.finish;
     if (tokens == nullptr && capacity == 0) return;
@@ -530,9 +535,7 @@ colibri_status colibri_cancel(colibri_model* model, int64_t request) {
     CapiRequests& q = model->requests;
     {
       std::lock_guard<std::mutex> g(q.mu);
-      auto it = q.state.find(request);
-      check_arg(it != q.state.end(), "unknown request id (never submitted, or released)");
-      if (it->second.finish) return;
+      if (known_request(q, request)->second.finish) return;
       q.cancels.push_back(request);
     }
     q.cv.notify_one();
@@ -544,8 +547,7 @@ colibri_status colibri_release(colibri_model* model, int64_t request) {
     check_arg(model != nullptr, "model must not be NULL");
     CapiRequests& q = model->requests;
     std::lock_guard<std::mutex> g(q.mu);
-    auto it = q.state.find(request);
-    check_arg(it != q.state.end(), "unknown request id (never submitted, or released)");
+    auto it = known_request(q, request);
     check_arg(it->second.finish != nullptr, "the request is still running (colibri_cancel it first)");
     q.state.erase(it);
   });
