@@ -200,9 +200,11 @@ class CudaBackend final : public DenseBackend {
     logits_ = f32(V), rlogits_ = f32(E), weights_ = f32(K);
     xb_ = DeviceBuffer(static_cast<size_t>(R * XB) * 2);
     experts_ = f32(K);  // int32, same size
-    // tokens, seqs, pos, wanted rows, then the KV block tables
-    ints_ = DeviceBuffer(static_cast<size_t>(4 * R + table_ints_) * 4);
-    h_ints_ = PinnedBuffer(static_cast<size_t>(4 * R + table_ints_) * 4);
+    ints_ = DeviceBuffer(static_cast<size_t>(4 * R) * 4);  // tokens, seqs, pos, wanted rows
+    h_ints_ = PinnedBuffer(static_cast<size_t>(4 * R) * 4);
+    tables_ = DeviceBuffer(static_cast<size_t>(table_ints_) * 4);  // the KV block tables
+    h_tables_ = PinnedBuffer(static_cast<size_t>(table_ints_) * 4);
+    d_blocks_ = tables_.as<const int32_t>();
     if (!o.device_moe) {
       h_xn_ = PinnedBuffer(static_cast<size_t>(R * H) * 4);
       h_moe_ = PinnedBuffer(static_cast<size_t>(R * H) * 4);
@@ -240,17 +242,25 @@ class CudaBackend final : public DenseBackend {
     int64_t m = 0;
     for (int64_t i = 0; i < n; ++i)
       if (want[i]) hi[3 * R + m++] = static_cast<int32_t>(i);
-    std::copy(o_.kv_pool->tables(), o_.kv_pool->tables() + table_ints_, hi + 4 * R);
     n_ = n, m_ = m;
+    // The block tables change only when a sequence takes or frees a block:
+    // uploaded then, at once (not through a stretch's graph), ahead of the
+    // pass on the stream. h_tables_ is free again: the previous pass ended
+    // with the stream synchronised.
+    if (tables_version_ != o_.kv_pool->version()) {
+      tables_version_ = o_.kv_pool->version();
+      std::copy(o_.kv_pool->tables(), o_.kv_pool->tables() + table_ints_, reinterpret_cast<int32_t*>(h_tables_.data()));
+      cuda::copy_async(tables_.get(), h_tables_.data(), static_cast<size_t>(table_ints_) * 4, cuda::Copy::HostToDevice, s_);
+    }
     // Passes of decode size whose every row wants logits replay the graphs of their stretches.
     graphs_on_ = use_graphs_ && !o_.sync_stages && m == n && n <= o_.max_batch;
     segment_ = 0;
     pending_.clear();
     start_stretch();
     const int32_t* d_tok = ints_.as<const int32_t>();
-    d_seq_ = d_tok + R, d_pos_ = d_tok + 2 * R, d_want_ = d_tok + 3 * R, d_blocks_ = d_tok + 4 * R;
+    d_seq_ = d_tok + R, d_pos_ = d_tok + 2 * R, d_want_ = d_tok + 3 * R;
     void* dst = ints_.get();
-    const size_t bytes = static_cast<size_t>(4 * R + table_ints_) * 4;
+    const size_t bytes = static_cast<size_t>(4 * R) * 4;
     // h_ints_ is read when the copy executes: the previous pass ended with the stream synchronised.
     issue([=, this] { cuda::copy_async(dst, hi, bytes, cuda::Copy::HostToDevice, s_); });
   }
@@ -624,17 +634,18 @@ class CudaBackend final : public DenseBackend {
   bool latent_ = false, head_shared_ = false;
   uint64_t kv_bytes_ = 0, act_bytes_ = 0;
   int64_t kv_rows_ = 0, table_ints_ = 0;  // the cache's rows per layer (blocks x block size); the tables' ints
-  const int32_t* d_blocks_ = nullptr;     // the block tables on the device (in ints_)
+  const int32_t* d_blocks_ = nullptr;     // the block tables on the device (tables_)
+  uint64_t tables_version_ = ~uint64_t{0};  // the pool's version tables_ holds
   cuda::RouteScoring scoring_ = cuda::RouteScoring::Softmax;
   cuda::RouteGroups groups_ = cuda::RouteGroups::None;
   int embd_dtype_ = 0;
   DeviceBuffer embd_, final_norm_, cos_, sin_;
   DevMatrix head_;
   std::vector<DevLayer> layers_;
-  DeviceBuffer kcache_, vcache_;
+  DeviceBuffer kcache_, vcache_, tables_;
   DeviceBuffer acts_[static_cast<size_t>(Act::Count)];
   DeviceBuffer logits_, rlogits_, weights_, experts_, xb_, ints_;
-  PinnedBuffer h_ints_, h_xn_, h_moe_, h_experts_, h_weights_;
+  PinnedBuffer h_ints_, h_xn_, h_moe_, h_experts_, h_weights_, h_tables_;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::FfnRunner> dense_ffn_, shared_ffn_;
   // The pass: rows, rows wanting logits, the device copies of its row data.
