@@ -420,16 +420,27 @@ void rope(float* x, int64_t heads, int64_t stride, int64_t rd, bool interleaved,
   }
 }
 
-// The row of position p (KernelTable::attend).
-inline int64_t cache_row(const int32_t* blocks, int64_t block_rows, int64_t p) {
-  return blocks ? static_cast<int64_t>(blocks[p / block_rows]) * block_rows + p % block_rows : p;
-}
+// The cache rows of positions first, first + 1, ... in order
+// (KernelTable::attend): no division per position.
+struct CacheRows {
+  const int32_t* blocks;
+  int64_t block_rows, blk, off;  // with a table: the block index and the offset in it; without: blk is the row
+  CacheRows(const int32_t* b, int64_t br, int64_t first)
+      : blocks(b), block_rows(br), blk(b ? first / br : first), off(b ? first % br : 0) {}
+  int64_t row() const { return blocks ? static_cast<int64_t>(blocks[blk]) * block_rows + off : blk; }
+  void next() {
+    if (blocks && ++off < block_rows) return;
+    off = 0;
+    ++blk;
+  }
+};
 
 void attend(const float* q, int64_t d, const float* k, const float* v, int64_t stride, const int32_t* blocks,
             int64_t block_rows, int64_t first, int64_t n, float scale, const float* sink, float* scores, float* out) {
   float mx = -INFINITY;
-  for (int64_t t = 0; t < n; ++t) {
-    const float s = dot(q, k + cache_row(blocks, block_rows, first + t) * stride, d) * scale;
+  CacheRows kr(blocks, block_rows, first);
+  for (int64_t t = 0; t < n; ++t, kr.next()) {
+    const float s = dot(q, k + kr.row() * stride, d) * scale;
     scores[t] = s;
     mx = std::max(mx, s);
   }
@@ -452,7 +463,8 @@ void attend(const float* q, int64_t d, const float* k, const float* v, int64_t s
   if (sink) sum += std::exp(*sink - mx);  // the sink joins the denominator only
   const float inv = 1.0f / sum;
   std::memset(out, 0, static_cast<size_t>(d) * sizeof(float));
-  for (int64_t t2 = 0; t2 < n; ++t2) axpy(out, scores[t2] * inv, v + cache_row(blocks, block_rows, first + t2) * stride, d);
+  CacheRows vr(blocks, block_rows, first);
+  for (int64_t t2 = 0; t2 < n; ++t2, vr.next()) axpy(out, scores[t2] * inv, v + vr.row() * stride, d);
 }
 
 }  // namespace
