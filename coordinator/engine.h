@@ -149,7 +149,6 @@ class Engine : private ForwardHost {
   // The KV cache's blocks and block tables (the scheduler's bookkeeping).
   KvBlockPool& kv_pool() { return *kv_pool_; }
   const KvBlockPool& kv_pool() const { return *kv_pool_; }
-  int64_t prefill_chunk() const { return chunk_; }
   // With workers: tells them how big a forward pass can be (once, first).
   void start_workers();
   // With workers: ends their serve loops (idempotent).

@@ -18,7 +18,6 @@ struct Scheduler::Seq {
   int64_t prompt_len = 0;
   int64_t computed = 0;  // tokens whose keys and values are in its slot's blocks
   int slot = -1;         // running: its KV slot
-  int64_t admitted = -1; // admission order (preemption takes the latest)
   Rng rng;
   SequenceOutput out;
   int64_t logits_rows = 0;  // rows of out.logits (record_logits)
@@ -104,12 +103,7 @@ void Scheduler::finish(Seq& s, const char* reason) {
   if (s.out.finish_reason.empty()) s.out.finish_reason = reason;
   s.done = true;
   if (s.slot >= 0) {
-    engine_.kv_pool().release(s.slot);
-    free_slots_.push_back(s.slot);
-    // Lowest slot on top again.
-    std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int>());
-    s.slot = -1;
-    running_.erase(std::find(running_.begin(), running_.end(), &s));
+    leave_running(s);
   } else {
     auto w = std::find(waiting_.begin(), waiting_.end(), &s);
     if (w != waiting_.end()) waiting_.erase(w);
@@ -130,13 +124,17 @@ void Scheduler::finish_all(const std::string& reason) {
   }
 }
 
-void Scheduler::preempt(Seq& s) {
+void Scheduler::leave_running(Seq& s) {
   engine_.kv_pool().release(s.slot);
   free_slots_.push_back(s.slot);
-  std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int>());
+  std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int>());  // the lowest slot on top again
   s.slot = -1;
-  s.computed = 0;
   running_.erase(std::find(running_.begin(), running_.end(), &s));
+}
+
+void Scheduler::preempt(Seq& s) {
+  leave_running(s);
+  s.computed = 0;
   waiting_.push_front(&s);
   ++stats_.preemptions;
 }
@@ -152,8 +150,7 @@ void Scheduler::admit() {
     waiting_.pop_front();
     s.slot = slot;
     s.computed = 0;
-    s.admitted = next_admit_++;
-    running_.push_back(&s);
+    running_.push_back(&s);  // admission order: preemption takes the back
   }
 }
 

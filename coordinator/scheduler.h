@@ -109,6 +109,7 @@ class Scheduler {
  private:
   struct Seq;
   void admit();
+  void leave_running(Seq& s);  // frees its KV slot and blocks
   void preempt(Seq& s);
   void finish(Seq& s, const char* reason);
   void accept(Seq& s, const float* logits);
@@ -116,7 +117,7 @@ class Scheduler {
   Engine& engine_;
   int64_t max_running_, budget_;
   bool prefill_first_, record_logits_;
-  int64_t next_id_ = 0, next_admit_ = 0;
+  int64_t next_id_ = 0;
   std::unordered_map<int64_t, std::unique_ptr<Seq>> seqs_;
   std::deque<Seq*> waiting_;
   std::vector<Seq*> running_;  // admission order
