@@ -2,9 +2,10 @@
 # Builds Colibri with sanitizers and runs the test suite under them.
 # usage: scripts/sanitize.sh [asan|tsan|all]          (default: asan)
 #
-#   asan  GCC, -fsanitize=address,undefined,float-cast-overflow
-#         -fno-sanitize-recover=all -D_GLIBCXX_ASSERTIONS, into
-#         build-asan/: every GoogleTest test, the C API test, the command-line tests,
+#   asan  Clang, -fsanitize=address,undefined -fno-sanitize-recover=all
+#         -D_GLIBCXX_ASSERTIONS, into build-asan/ (with the libFuzzer targets,
+#         which scripts/fuzz.sh can run from there): every GoogleTest test, the
+#         fuzz corpora, the C API test, the command-line tests,
 #         the MPI exchange tests (1-4 ranks, default transport and UCX), the lost
 #         worker and signal tests, and the cluster parity script in handful mode (the in-process
 #         parity matrix runs among the GoogleTest tests), with
@@ -20,7 +21,8 @@
 # test, any sanitizer report or a failed self-check, 0 when clean.
 # Environment: COLIBRI_ASAN_BUILD_DIR, COLIBRI_TSAN_BUILD_DIR (build folders),
 # COLIBRI_SANITIZE_JOBS (build and test parallelism, default nproc),
-# COLIBRI_TSAN_LLVM (the LLVM version for tsan, default 14), COLIBRI_SANITIZE_STEP
+# COLIBRI_LLVM (the Clang/LLVM version of both stages, default 14; COLIBRI_TSAN_LLVM
+# is its old name), COLIBRI_SANITIZE_STEP
 # (build: build only; test: test what is built; all: both, the default;
 # scripts/test.sh builds while the main suite runs, then tests), COLIBRI_SANITIZE_TEST_JOBS
 # (tests at once, default nproc + 1: many tests mostly wait on processes they
@@ -37,7 +39,7 @@ jobs="${COLIBRI_SANITIZE_JOBS:-$(nproc)}"
 test_jobs="${COLIBRI_SANITIZE_TEST_JOBS:-$(( $(nproc) + 1 ))}"
 step="${COLIBRI_SANITIZE_STEP:-all}"
 case "$step" in build | test | all) ;; *) echo "sanitize: COLIBRI_SANITIZE_STEP must be build, test or all" >&2; exit 2 ;; esac
-llvm="${COLIBRI_TSAN_LLVM:-14}"
+llvm="${COLIBRI_LLVM:-${COLIBRI_TSAN_LLVM:-14}}"
 san_dir="$root/tests/sanitizers"
 fixtures="$root/tests/fixtures"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive
@@ -45,6 +47,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY
 # Tests never run under sanitizers (anchored ctest names):
 # - slurm.one_node: installs and starts slurmctld/slurmd; it tests the sbatch
 #   template, and the colibri runs it makes are the cluster tests' runs.
+# - cluster.sweep, cluster.plot: they test the Python tools scripts/sweep and
+#   scripts/plot; the colibri runs they make (bench under mpirun, one point per
+#   placement) are cluster.bench's, which runs instrumented. The main suite runs them.
 # - cluster.parity: the stages run its script themselves (in its handful mode: a
 #   few real mpirun runs), with the MPI environment. The placement x policy x
 #   cache matrix runs in one process in colibri_tests (*Parity.* of
@@ -62,7 +67,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY
 # file mid-run (minutes at -O0); its library counterparts FileIo.*, FileChange.*
 # and Numerics.* (tests/test_hardening.cpp: the SIGBUS guard, partial outputs)
 # run instrumented.
-SKIP_ALWAYS='slurm\.one_node|cluster\.parity|Engine\.LongRunsKeepMemoryFlatAndTheCacheWithinBudget|signals|cli\.hardening'
+SKIP_ALWAYS='slurm\.one_node|cluster\.parity|cluster\.sweep|cluster\.plot|Engine\.LongRunsKeepMemoryFlatAndTheCacheWithinBudget|signals|cli\.hardening'
 # Tests whose processes run under mpirun (MPI_Init) (documentation only: since
 # the slow unwinder reaches the MPI ranks alone, see asan_env, every test runs in
 # one ctest pass).
@@ -105,10 +110,12 @@ fmt() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 summary=()
 failed=0
 
-# configure_build DIR CC CXX FLAGS SANITIZE [CXXFLAGS]: configures (afresh if the
-# compiler or the source folder changed) and builds; returns non-zero on failure.
+# configure_build DIR CC CXX FLAGS SANITIZE [CXXFLAGS [CMAKE ARGS...]]: configures
+# (afresh if the compiler or the source folder changed) and builds; returns non-zero
+# on failure.
 configure_build() {
-  local dir="$1" cc="$2" cxx="$3" flags="$4" sanitize="$5" generator=()
+  local dir="$1" cc="$2" cxx="$3" flags="$4" sanitize="$5" cxxflags="${6:-}" generator=()
+  shift 6 2>/dev/null || shift $#
   command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
   if [ -f "$dir/CMakeCache.txt" ] && { ! grep -qx "CMAKE_CXX_COMPILER:[A-Z]*=$(command -v "$cxx")" "$dir/CMakeCache.txt" ||
                                        ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$root" "$dir/CMakeCache.txt"; }; then
@@ -118,9 +125,9 @@ configure_build() {
   mkdir -p "$dir"
   cmake -S "$root" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=None \
     -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
-    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags ${6:-}" \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags $cxxflags" \
     -DCOLIBRI_SANITIZE="$sanitize" -DCOLIBRI_CUDA=OFF -DCOLIBRI_CUDA_EMU=OFF -DCOLIBRI_TESTS=ON \
-    -DCOLIBRI_UNITY_BUILD="${COLIBRI_UNITY_BUILD:-ON}" >"$dir/sanitize-configure.log" 2>&1 ||
+    -DCOLIBRI_UNITY_BUILD="${COLIBRI_UNITY_BUILD:-ON}" "$@" >"$dir/sanitize-configure.log" 2>&1 ||
     { cat "$dir/sanitize-configure.log"; return 1; }
   cmake --build "$dir" --parallel "$jobs"
 }
@@ -174,16 +181,21 @@ finish_stage() {
 }
 
 # ---- AddressSanitizer + UndefinedBehaviorSanitizer ---------------------------------
-# -O0 -g1: the build is most of this stage's time on 2 cores, and at -O1 the
-# sanitized code compiles ~1.6x slower for ~25% faster tests (docs/sanitizers.md);
-# the kernels keep their own -O3. -g1 gives file:line in every stack.
-# -fsanitize=float-cast-overflow: not part of GCC's "undefined"; catches a NaN or
-# out-of-range float converted to an integer (token ids, sizes, counts).
+# Clang (the TSan stage's, and the fuzzers'): at -O0 it builds this tree ~2.5x
+# faster than GCC did (the whole instrumented build, fuzz targets included, in
+# about half the CPU time of GCC's ASan build and the separate fuzz build; docs/ci.md),
+# and one build then serves the tests and the fuzzers (-DCOLIBRI_FUZZ=ON: the
+# parsers again with coverage instrumentation, tests/fuzz/CMakeLists.txt).
+# -O0 -g1: the build is most of this stage's time on 2 cores; the kernels keep
+# their own -O3. -g1 gives file:line in every stack.
+# Clang's "undefined" includes float-cast-overflow (a NaN or out-of-range float
+# converted to an integer: token ids, sizes, counts), which GCC's did not.
 # -D_GLIBCXX_ASSERTIONS: bounds checks in std::vector/string/array operator[] etc.,
 # which catch an index past size() but within capacity(), where ASan sees nothing.
 # (Not -D_GLIBCXX_SANITIZE_VECTOR: the prebuilt libgtest.a shares std::vector<int>
 # code without the annotations, which gives false container-overflow reports.)
-ASAN_FLAGS="-O0 -g1 -fno-sanitize-recover=all -fsanitize=float-cast-overflow -D_GLIBCXX_ASSERTIONS"
+# -include clang_compat.h and -mf16c: as for tsan below.
+ASAN_FLAGS="-O0 -g1 -fno-sanitize-recover=all -D_GLIBCXX_ASSERTIONS"
 
 asan_env() {  # $1: the log folder
   # MPI ranks: Debian's MPI libraries have no frame pointers, so the default fast
@@ -195,7 +207,7 @@ asan_env() {  # $1: the log folder
   # they inherit), and every other process (colibri without mpirun, the tests'
   # own binaries) keeps the fast unwinder. The MPI leak canary below checks that
   # the ranks' reports still show MPI's frames and that lsan.supp matches them.
-  # intercept_tls_get_addr=0: GCC 12's LeakSanitizer guesses the size of dynamic TLS
+  # intercept_tls_get_addr=0: LeakSanitizer (GCC 12's, and LLVM 14's alike) guesses the size of dynamic TLS
   # blocks from a glibc <2.25 header layout; in MPI ranks (libucs, libnuma, ... are
   # dlopen()ed with TLS) the guess can be garbage and LSan's tracer crashes
   # ("Tracer caught signal 11", "LeakSanitizer has encountered a fatal error"). The
@@ -204,10 +216,10 @@ asan_env() {  # $1: the log folder
   export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:strict_string_checks=1:intercept_tls_get_addr=0:print_suppressions=0:log_path=$1/asan"
   export OMPI_MCA_mca_base_env_list="ASAN_OPTIONS=$ASAN_OPTIONS:fast_unwind_on_malloc=0"
   export LSAN_OPTIONS="suppressions=$san_dir/lsan.supp:print_suppressions=0"
-  # UndefinedBehaviorSanitizer: GCC's libubsan next to libasan ignores log_path and
-  # writes to stderr; abort_on_error=1 makes the first report kill the process with
-  # SIGABRT (exit 134), which no test takes for an expected exit status, and the
-  # stage also counts "runtime error:" lines in the ctest output.
+  # UndefinedBehaviorSanitizer: abort_on_error=1 makes the first report kill the
+  # process with SIGABRT (exit 134), which no test takes for an expected exit
+  # status; the report goes to log_path with ASan's, and the stage also counts
+  # "runtime error:" lines in the ctest output (a runtime that writes to stderr).
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:abort_on_error=1:report_error_type=1"
 }
 
@@ -217,7 +229,8 @@ asan_canary() {
   local dir="$build/canary" logs="$build/canary/logs"
   rm -rf "$dir"; mkdir -p "$logs"
   if ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then echo "skipped (no MPI)"; return; fi
-  OMPI_CXX=g++ mpicxx -fsanitize=address -fno-omit-frame-pointer -g -O0 "$san_dir/mpi_leak_canary.cpp" -o "$dir/mpi_leak_canary" >"$dir/build.log" 2>&1 ||
+  # The build's compiler, so that its sanitizer runtime is the one checked.
+  OMPI_CXX="clang++-$llvm" mpicxx -fsanitize=address -fno-omit-frame-pointer -g -O0 "$san_dir/mpi_leak_canary.cpp" -o "$dir/mpi_leak_canary" >"$dir/build.log" 2>&1 ||
     { echo "FAIL (does not build: $dir/build.log)"; return; }
   (asan_env "$logs"; mpirun --oversubscribe --bind-to none -np 2 "$dir/mpi_leak_canary" >"$dir/run.log" 2>&1)
   local all
@@ -232,10 +245,14 @@ asan_canary() {
 stage_asan() {
   build="${COLIBRI_ASAN_BUILD_DIR:-$root/build-asan}"
   local logdir="$build/sanitizer-logs" log="$build/sanitize-ctest.log" t0 t1 t2 crc=0 parity="not run" canary
-  echo "== asan: GCC, address + undefined, into $build"
+  echo "== asan: clang-$llvm, address + undefined, into $build"
   t0=$(now)
   if [ "$step" != test ]; then
-    if ! configure_build "$build" gcc g++ "$ASAN_FLAGS" "address,undefined"; then
+    ensure_packages "clang-$llvm" "libclang-rt-$llvm-dev" "libomp-$llvm-dev"
+    local flags="$ASAN_FLAGS"
+    [ "$(uname -m)" = x86_64 ] && flags+=" -mf16c"
+    if ! configure_build "$build" "clang-$llvm" "clang++-$llvm" "$flags" "address,undefined" "-include $san_dir/clang_compat.h" \
+         -DCOLIBRI_FUZZ=ON; then
       summary+=("asan: FAILED  the build failed"); failed=1; return
     fi
     [ "$step" = build ] && { summary+=("asan: built in $(fmt $(($(now) - t0)))"); return; }

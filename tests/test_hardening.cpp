@@ -67,7 +67,8 @@ TEST(FileIo, OutputThatIsAnInputOrASpecialFileIsRefused) {
     EXPECT_NE(std::string(e.what()).find(in), std::string::npos) << e.what();    // names the input
     EXPECT_NE(std::string(e.what()).find(d.file(out)), std::string::npos) << e.what();  // and the output
   }
-  for (const auto& [out, kind] : {std::pair<const char*, const char*>{"fifo", "a FIFO"}, {"dir", "a directory"}}) {
+  for (const auto& [name, kind] : {std::pair<const char*, const char*>{"fifo", "a FIFO"}, {"dir", "a directory"}}) {
+    const char* out = name;  // NOTE: Clang 14 cannot capture a structured binding in a lambda
     const Error e = error_of([&] { check_output(d.file(out), {in}, "test"); });
     EXPECT_EQ(e.status(), Status::InvalidArgument);
     EXPECT_NE(std::string(e.what()).find(kind), std::string::npos) << e.what();
@@ -88,7 +89,8 @@ TEST(FileIo, FifoAndDirectoryInputsAreRefusedWithoutBlocking) {
   ASSERT_EQ(::mkfifo(d.file("fifo").c_str(), 0600), 0);
   fs::create_directories(d.file("dir"));
   // NOTE: a blocking open of a FIFO would hang here; ctest's timeout then fails the test.
-  for (const auto& [p, kind] : {std::pair<std::string, const char*>{d.file("fifo"), "a FIFO"}, {d.file("dir"), "a directory"}}) {
+  for (const auto& [path, kind] : {std::pair<std::string, const char*>{d.file("fifo"), "a FIFO"}, {d.file("dir"), "a directory"}}) {
+    const std::string& p = path;  // NOTE: Clang 14 cannot capture a structured binding in a lambda
     SCOPED_TRACE(p);
     for (auto f : std::vector<std::function<void()>>{[&] { read_input(p, "thing"); }, [&] { check_input(p, "thing"); },
                                                       [&] { MappedFile m(p); }, [&] { ColibriFile::open(p); }}) {

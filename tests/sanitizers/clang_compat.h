@@ -1,5 +1,5 @@
 // clang_compat.h: force-included (-include) into the C++ sources of the
-// ThreadSanitizer build, which uses Clang 14 (see scripts/sanitize.sh); the GCC
+// sanitizer builds, which use Clang 14 (see scripts/sanitize.sh); the GCC
 // builds do not use it. It changes no behaviour, only two spellings Clang rejects:
 //
 // - __builtin_cpu_supports("f16c") (kernels/cpu/kernels.cpp): "invalid cpu feature
@@ -24,7 +24,13 @@ static inline int colibri_compat_cpu_supports(const char* feature) {
   if (std::strcmp(feature, "avx2") == 0) return __builtin_cpu_supports("avx2");
   if (std::strcmp(feature, "fma") == 0) return __builtin_cpu_supports("fma");
   if (std::strcmp(feature, "avx") == 0) return __builtin_cpu_supports("avx");
-  return 0;
+  if (std::strcmp(feature, "avx512f") == 0) return __builtin_cpu_supports("avx512f");
+  if (std::strcmp(feature, "avx512bw") == 0) return __builtin_cpu_supports("avx512bw");
+  if (std::strcmp(feature, "avx512dq") == 0) return __builtin_cpu_supports("avx512dq");
+  if (std::strcmp(feature, "avx512vl") == 0) return __builtin_cpu_supports("avx512vl");
+  if (std::strcmp(feature, "avx512vnni") == 0) return __builtin_cpu_supports("avx512vnni");
+  // NOTE: a feature missing here would read as absent and silently skip its kernels.
+  __builtin_trap();
 }
 #define __builtin_cpu_supports(feature) colibri_compat_cpu_supports(feature)
 
