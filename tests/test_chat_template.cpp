@@ -487,7 +487,7 @@ TEST(ChatTemplate, RandomGarbageNeverCrashes) {
   o.max_steps = 100000;
   o.max_output_bytes = 1 << 20;
   size_t parsed = 0;
-  for (int iter = 0; iter < 3000; ++iter) {
+  for (int iter = 0; iter < 1500; ++iter) {  // a new seed every run (printed): coverage accumulates across runs
     std::string t;
     const int n = static_cast<int>(rng() % 30);
     for (int i = 0; i < n; ++i) {
