@@ -169,10 +169,11 @@ struct BackendOptions {
   bool device_moe = false;
   int threads = 1;  // CPU: OpenMP threads of the attention
   // The KV cache's blocks and tables (the engine's; required). Slot s's
-  // position p is in row table(s)[p / block_tokens] * block_tokens + p % block_tokens.
-  // NOTE: the CUDA backend still keeps one max_ctx slab per slot (max_batch
-  // slots) on the device and reads no table.
+  // position p is in row table(s)[p / block_tokens] * block_tokens + p % block_tokens
+  // of each backend's storage (host memory, or the device's).
   const KvBlockPool* kv_pool = nullptr;
+  // The type the cache stores: F32, BF16 or F16 (EngineOptions::kv_dtype).
+  DType kv_dtype = DType::F32;
 };
 
 std::unique_ptr<DenseBackend> make_cpu_backend(std::shared_ptr<const ColibriFile> file, const ModelPlan& plan,

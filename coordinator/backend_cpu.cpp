@@ -52,7 +52,7 @@ class CpuBackend final : public DenseBackend {
         if (t && t->quant != QuantType::None)
           throw Error(Status::Unsupported, "'" + t->name + "' is quantised; per-head products take f32, f16 or bf16");
     if (!o.kv_pool) throw Error(Status::Internal, "the CPU backend needs the engine's KV block pool");
-    kv_ = std::make_unique<KVCache>(p_.layers, *o.kv_pool, p_.kv_width, p_.v_width);
+    kv_ = std::make_unique<KVCache>(p_.layers, *o.kv_pool, p_.kv_width, p_.v_width, o.kv_dtype);
     const int64_t R = o.rows_cap, H = p_.hidden, NH = p_.heads;
     const bool latent = p_.kv_lora_rank > 0;
     auto sz = [](int64_t a, int64_t b) { return static_cast<size_t>(a * b); };
@@ -74,6 +74,8 @@ class CpuBackend final : public DenseBackend {
       ffn_gate_.resize(sz(R, p_.ffn_inter));
       ffn_up_.resize(sz(R, p_.ffn_inter));
       scores_.resize(sz(o.threads, o.max_ctx));
+      // A widened row per thread (the latent attention over a 16-bit cache).
+      if (o.kv_dtype != DType::F32) krow_.resize(sz(o.threads, p_.kv_width));
     } catch (const std::bad_alloc&) {
       throw Error(Status::OutOfMemory, "activation buffers for " + std::to_string(R) + " rows do not fit in memory");
     }
@@ -167,11 +169,7 @@ class CpuBackend final : public DenseBackend {
   }
 
   void kv_store(int layer, const float* k, int64_t ldk, const float* v, int64_t ldv) override {
-    const size_t kb = static_cast<size_t>(p_.kv_width) * sizeof(float);
-    for (int64_t i = 0; i < n_; ++i) {
-      std::memcpy(kv_->k(layer, seqs_[i], pos_[i]), k + i * ldk, kb);
-      if (v) std::memcpy(kv_->v(layer, seqs_[i], pos_[i]), v + i * ldv, kb);
-    }
+    for (int64_t i = 0; i < n_; ++i) kv_->store(layer, seqs_[i], pos_[i], k + i * ldk, v ? v + i * ldv : nullptr);
   }
 
   // One (row, head) pair per iteration, over positions [start, p] of the
@@ -190,11 +188,18 @@ class CpuBackend final : public DenseBackend {
       float* o = a.out + i * a.ldo + h * a.o_head_stride;
       if (a.latent) {
         attend_latent(layer, s, start, p, q, a, sc, o);
-      } else {
+      } else if (kv_->dtype() == DType::F32) {
         const int64_t kvh = h / a.group;
-        kt_->attend(q, a.dk, kv_->k_layer(layer) + kvh * a.dk, kv_->v_layer(layer) + kvh * a.dv, p_.kv_width,
+        kt_->attend(q, a.dk, static_cast<const float*>(kv_->k_layer(layer)) + kvh * a.dk,
+                    static_cast<const float*>(kv_->v_layer(layer)) + kvh * a.dv, p_.kv_width,
                     o_.kv_pool->table(static_cast<int>(s)), o_.kv_pool->block_tokens(), start, p - start + 1, a.scale,
                     sinks ? sinks + h : nullptr, sc, o);
+      } else {
+        const int64_t kvh = h / a.group;
+        kt_->attend16(q, a.dk, static_cast<const uint16_t*>(kv_->k_layer(layer)) + kvh * a.dk,
+                      static_cast<const uint16_t*>(kv_->v_layer(layer)) + kvh * a.dv, p_.kv_width, kv_->dtype(),
+                      o_.kv_pool->table(static_cast<int>(s)), o_.kv_pool->block_tokens(), start, p - start + 1,
+                      a.scale, sinks ? sinks + h : nullptr, sc, o);
       }
     }
   }
@@ -304,9 +309,11 @@ class CpuBackend final : public DenseBackend {
     const int64_t R = a.dv, rd = a.dk - a.dv;
     const kernels::KernelTable& kt = *kt_;
     const float* qr = lq + R;
+    // A 16-bit cache's rows are widened here (exactly), then used as f32 rows are.
+    float* tmp = krow_.empty() ? nullptr : krow_.data() + static_cast<size_t>(omp_get_thread_num()) * p_.kv_width;
     float mx = -INFINITY;
     for (int64_t t = start; t <= p; ++t) {
-      const float* row = kv_->k(layer, s, t);
+      const float* row = kv_->k_row(layer, s, t, tmp);
       float v = (kt.dot(lq, row, R) + kt.dot(qr, row + R, rd)) * a.scale;
       sc[t - start] = v;
       mx = std::max(mx, v);
@@ -315,7 +322,7 @@ class CpuBackend final : public DenseBackend {
     for (int64_t t = 0; t <= p - start; ++t) sum += (sc[t] = std::exp(sc[t] - mx));
     const float inv = 1.0f / sum;
     std::memset(o, 0, static_cast<size_t>(R) * sizeof(float));
-    for (int64_t t = start; t <= p; ++t) kt.axpy(o, sc[t - start] * inv, kv_->k(layer, s, t), R);
+    for (int64_t t = start; t <= p; ++t) kt.axpy(o, sc[t - start] * inv, kv_->k_row(layer, s, t, tmp), R);
   }
 
   std::shared_ptr<const ColibriFile> file_;
@@ -327,6 +334,7 @@ class CpuBackend final : public DenseBackend {
   const TensorView* lm_head_ = nullptr;
   std::vector<float> final_norm_;
   std::unique_ptr<KVCache> kv_;
+  std::vector<float> krow_;  // [threads][kv_width]: widened latent rows (16-bit cache)
   std::vector<float> acts_[static_cast<size_t>(Act::Count)];
   std::vector<float> router_, weights_, ffn_gate_, ffn_up_, scores_;
   std::vector<int32_t> experts_;

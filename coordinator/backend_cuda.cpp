@@ -144,7 +144,9 @@ class CudaBackend final : public DenseBackend {
     if (!o.kv_pool) throw Error(Status::Internal, "the CUDA backend needs the engine's KV block pool");
     kv_rows_ = o.kv_pool->num_blocks() * o.kv_pool->block_tokens();
     table_ints_ = o.kv_pool->max_slots() * o.kv_pool->blocks_per_slot();
-    kv_bytes_ = static_cast<uint64_t>(p_.layers) * kv_rows_ * (KW + VW) * 4;
+    kv_es_ = KVCache::element_bytes(o.kv_dtype);
+    kv_code_ = o.kv_dtype == DType::F32 ? 0 : o.kv_dtype == DType::F16 ? 1 : 2;  // cuda::KvLayout::dtype
+    kv_bytes_ = static_cast<uint64_t>(p_.layers) * kv_rows_ * (KW + VW) * kv_es_;
     const int64_t XB = std::max({H, Q, ATT, QR, LQ});
     act_bytes_ = static_cast<uint64_t>(R) * 4 * (6 * H + Q + 2 * KW + ATT + QR + QCAT + LQ + E + 2 * K + V + 4) +
                  static_cast<uint64_t>(R) * 2 * XB;
@@ -188,8 +190,8 @@ class CudaBackend final : public DenseBackend {
     sin_ = upload_f32(sn);
 
     // KV cache and activations.
-    kcache_ = DeviceBuffer(static_cast<size_t>(p_.layers) * kv_rows_ * KW * 4);
-    if (VW) vcache_ = DeviceBuffer(static_cast<size_t>(p_.layers) * kv_rows_ * VW * 4);
+    kcache_ = DeviceBuffer(static_cast<size_t>(p_.layers * kv_rows_ * KW * kv_es_));
+    if (VW) vcache_ = DeviceBuffer(static_cast<size_t>(p_.layers * kv_rows_ * VW * kv_es_));
     auto f32 = [&](int64_t w) { return DeviceBuffer(static_cast<size_t>(std::max<int64_t>(R * w, 1)) * 4); };
     for (Act a : {Act::X, Act::Xn, Act::Tmp, Act::Moe, Act::Gathered}) buf(a) = f32(H);
     buf(Act::Q) = f32(Q), buf(Act::K) = f32(KW), buf(Act::Att) = f32(ATT);
@@ -339,7 +341,7 @@ class CudaBackend final : public DenseBackend {
 
   void kv_store(int layer, const float* k, int64_t ldk, const float* v, int64_t ldv) override {
     const int64_t n = n_, KW = p_.kv_width;
-    float *kc = layer_k(layer), *vc = v ? layer_v(layer) : nullptr;
+    void *kc = layer_k(layer), *vc = v ? layer_v(layer) : nullptr;
     const int32_t *seq = d_seq_, *pos = d_pos_;
     const cuda::KvLayout kl = kv_layout();
     issue([=, this] {
@@ -352,6 +354,7 @@ class CudaBackend final : public DenseBackend {
     cuda::AttentionArgs a;
     a.q = op.q, a.ldq = op.ldq, a.q_head_stride = op.q_head_stride;
     a.k = layer_k(layer), a.v = op.latent ? layer_k(layer) : layer_v(layer);
+    a.kv_dtype = kv_code_;
     a.k_stride = p_.kv_width, a.v_stride = p_.kv_width, a.max_ctx = o_.max_ctx;
     a.blocks = d_blocks_, a.blocks_per_seq = o_.kv_pool->blocks_per_slot(), a.block_tokens = o_.kv_pool->block_tokens();
     a.k_head_offset = op.latent ? 0 : op.dk, a.v_head_offset = op.latent ? 0 : op.dv;
@@ -574,10 +577,10 @@ class CudaBackend final : public DenseBackend {
     return nullptr;
   }
 
-  float* layer_k(int l) const { return kcache_.as<float>() + static_cast<size_t>(l) * kv_rows_ * p_.kv_width; }
-  float* layer_v(int l) const { return vcache_.as<float>() + static_cast<size_t>(l) * kv_rows_ * p_.v_width; }
+  void* layer_k(int l) const { return kcache_.as<uint8_t>() + static_cast<size_t>(l * kv_rows_ * p_.kv_width * kv_es_); }
+  void* layer_v(int l) const { return vcache_.as<uint8_t>() + static_cast<size_t>(l * kv_rows_ * p_.v_width * kv_es_); }
   cuda::KvLayout kv_layout() const {
-    return {o_.max_ctx, d_blocks_, o_.kv_pool->blocks_per_slot(), o_.kv_pool->block_tokens()};
+    return {o_.max_ctx, d_blocks_, o_.kv_pool->blocks_per_slot(), o_.kv_pool->block_tokens(), kv_code_};
   }
 
   // A stretch between host waits begins: with graphs on, is its graph for
@@ -634,6 +637,8 @@ class CudaBackend final : public DenseBackend {
   bool latent_ = false, head_shared_ = false;
   uint64_t kv_bytes_ = 0, act_bytes_ = 0;
   int64_t kv_rows_ = 0, table_ints_ = 0;  // the cache's rows per layer (blocks x block size); the tables' ints
+  int64_t kv_es_ = 4;  // bytes per cached value
+  int kv_code_ = 0;    // cuda::KvLayout::dtype of the cache: 0 f32, 1 f16, 2 bf16
   const int32_t* d_blocks_ = nullptr;     // the block tables on the device (tables_)
   uint64_t tables_version_ = ~uint64_t{0};  // the pool's version tables_ holds
   cuda::RouteScoring scoring_ = cuda::RouteScoring::Softmax;

@@ -15,6 +15,7 @@
 #include "coordinator/kv_cache.h"
 #include "coordinator/model.h"
 #include "coordinator/scheduler.h"
+#include "kernels/cpu/kernels.h"
 #include "model/error.h"
 #include "model/routing_trace.h"
 #include "worker/protocol.h"
@@ -104,8 +105,14 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
       throw Error(Status::InvalidArgument, "--kv-block " + std::to_string(opts.kv_block_tokens) + " must be 1..4096 positions");
     if (opts.kv_cache_mb < 0) throw Error(Status::InvalidArgument, "--kv-cache-mb must be >= 0");
     const int64_t bt = opts.kv_block_tokens, per_slot = (max_ctx_ + bt - 1) / bt;
+    if (opts.kv_dtype != DType::F32 && opts.kv_dtype != DType::BF16 && opts.kv_dtype != DType::F16)
+      throw Error(Status::InvalidArgument, std::string("--kv-dtype ") + dtype_name(opts.kv_dtype) + ": f32, bf16 or f16");
+    if (opts.kv_dtype != DType::F32 && plan_.kv_lora_rank == 0 && plan_.head_dim > kernels::kMaxAttendDim)
+      throw Error(Status::Unsupported, "--kv-dtype " + std::string(dtype_name(opts.kv_dtype)) + " takes heads of at most " +
+                                           std::to_string(kernels::kMaxAttendDim) + " dimensions");
     const uint64_t block_bytes = static_cast<uint64_t>(plan_.layers) * static_cast<uint64_t>(bt) *
-                                 static_cast<uint64_t>(plan_.kv_width + plan_.v_width) * sizeof(float);
+                                 static_cast<uint64_t>(plan_.kv_width + plan_.v_width) *
+                                 static_cast<uint64_t>(KVCache::element_bytes(opts.kv_dtype));
     int64_t blocks = max_batch_ * per_slot;
     if (opts.kv_cache_blocks < 0) throw Error(Status::InvalidArgument, "KV cache blocks must be >= 0");
     if (opts.kv_cache_blocks > 0) {
@@ -121,6 +128,7 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
   }
   BackendOptions b;
   b.kv_pool = kv_pool_.get();
+  b.kv_dtype = opts.kv_dtype;
   b.rank = comm_.rank();
   b.rows_cap = rows_cap_, b.max_batch = max_batch_, b.max_ctx = max_ctx_;
   b.rope_cos = rope_cos_.data(), b.rope_sin = rope_sin_.data();

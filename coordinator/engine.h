@@ -37,6 +37,11 @@ struct EngineOptions {
   int64_t kv_block_tokens = 16;
   int64_t kv_cache_mb = 0;
   int64_t kv_cache_blocks = 0;  // exactly this many blocks (tests, tuning); 0: from kv_cache_mb
+  // What the cache stores (--kv-dtype): F32 (exact), or BF16 / F16 (half the
+  // memory, so twice the positions in a given --kv-cache-mb; keys and values
+  // rounded to nearest even when stored, MLA's latents included). A request's
+  // results stay bitwise independent of the batch for each type.
+  DType kv_dtype = DType::F32;
   // Which rank owns which experts; null: every expert on this (the only) rank.
   std::shared_ptr<const Placement> placement;
   ExpertStoreOptions store;             // this rank's expert cache, if it hosts experts

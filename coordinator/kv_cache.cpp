@@ -2,10 +2,12 @@
 #include "coordinator/kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <new>
 #include <string>
 
+#include "kernels/cpu/kernels.h"
 #include "model/error.h"
 
 namespace colibri {
@@ -54,22 +56,50 @@ void KvBlockPool::release(int slot) {
   ++version_;
 }
 
-KVCache::KVCache(int64_t layers, const KvBlockPool& pool, int64_t k_width, int64_t v_width)
-    : pool_(pool), rows_(pool.num_blocks() * pool.block_tokens()), kw_(k_width), vw_(v_width) {
+KVCache::KVCache(int64_t layers, const KvBlockPool& pool, int64_t k_width, int64_t v_width, DType dtype)
+    : pool_(pool), rows_(pool.num_blocks() * pool.block_tokens()), kw_(k_width), vw_(v_width), dtype_(dtype),
+      es_(element_bytes(dtype)) {
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
+    throw Error(Status::InvalidArgument, std::string("KV cache dtype ") + dtype_name(dtype) + ": f32, bf16 or f16");
   uint64_t n = 1;
-  for (int64_t f : {layers, rows_, k_width + v_width, int64_t{sizeof(float)}})
+  for (int64_t f : {layers, rows_, k_width + v_width, es_})
     if (f < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(f), &n) || n > (uint64_t(1) << 46))
       throw Error(Status::OutOfMemory, "a KV cache of " + std::to_string(layers) + " layers x " + std::to_string(rows_) +
                                            " positions is too large; lower --kv-cache-mb, the batch or the context size");
   bytes_ = n;
-  const size_t per = static_cast<size_t>(layers * rows_);
+  const size_t per = static_cast<size_t>(layers * rows_ * es_);
   try {
-    k_.reset(new float[per * static_cast<size_t>(k_width) + 1]);
-    v_.reset(new float[per * static_cast<size_t>(v_width) + 1]);
+    k_.reset(new uint8_t[per * static_cast<size_t>(k_width) + 4]);
+    v_.reset(new uint8_t[per * static_cast<size_t>(v_width) + 4]);
   } catch (const std::bad_alloc&) {
     throw Error(Status::OutOfMemory, "KV cache of " + std::to_string(n >> 20) +
                                          " MiB does not fit; lower --kv-cache-mb, the batch or the context size");
   }
+}
+
+void KVCache::store(int64_t layer, int64_t slot, int64_t pos, const float* k, const float* v) {
+  const int64_t r = row(slot, pos);
+  uint8_t* kd = k_.get() + index(layer, r, kw_);
+  uint8_t* vd = v ? v_.get() + index(layer, r, vw_) : nullptr;
+  if (dtype_ == DType::F32) {
+    std::memcpy(kd, k, static_cast<size_t>(kw_) * sizeof(float));
+    if (vd) std::memcpy(vd, v, static_cast<size_t>(vw_) * sizeof(float));
+    return;
+  }
+  uint16_t (*cvt)(float) = dtype_ == DType::BF16 ? f32_to_bf16 : f32_to_f16;
+  uint16_t* k16 = reinterpret_cast<uint16_t*>(kd);
+  for (int64_t i = 0; i < kw_; ++i) k16[i] = cvt(k[i]);
+  if (vd) {
+    uint16_t* v16 = reinterpret_cast<uint16_t*>(vd);
+    for (int64_t i = 0; i < vw_; ++i) v16[i] = cvt(v[i]);
+  }
+}
+
+const float* KVCache::k_row(int64_t layer, int64_t slot, int64_t pos, float* tmp) const {
+  const uint8_t* src = k_.get() + index(layer, row(slot, pos), kw_);
+  if (dtype_ == DType::F32) return reinterpret_cast<const float*>(src);
+  kernels::to_f32(src, dtype_, kw_, tmp);
+  return tmp;
 }
 
 }  // namespace colibri

@@ -10,7 +10,7 @@
 //
 // KVCache is the CPU backend's storage of those rows (the CUDA backend keeps
 // its own on the device, addressed by the same tables). Rows are [k_width] and
-// [v_width] floats: K and V of every kv head (kv_heads * head_dim each), or for
+// [v_width] values (f32, bf16 or f16: EngineOptions::kv_dtype): K and V of every kv head (kv_heads * head_dim each), or for
 // multi-head latent attention the normalised latent plus the rotated shared
 // key part in K (kv_lora_rank + qk_rope_head_dim) and nothing in V.
 #pragma once
@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <memory>
 #include <vector>
+
+#include "model/dtype.h"
 
 namespace colibri {
 
@@ -60,14 +62,25 @@ class KvBlockPool {
 
 class KVCache {
  public:
-  // Storage for every block of `pool`, every layer. Throws Error(OutOfMemory).
-  KVCache(int64_t layers, const KvBlockPool& pool, int64_t k_width, int64_t v_width);
-  float* k(int64_t layer, int64_t slot, int64_t pos) { return k_.get() + index(layer, row(slot, pos), kw_); }
-  float* v(int64_t layer, int64_t slot, int64_t pos) { return v_.get() + index(layer, row(slot, pos), vw_); }
-  // Row 0 of a layer's keys / values (KernelTable::attend's base with a table).
-  const float* k_layer(int64_t layer) const { return k_.get() + index(layer, 0, kw_); }
-  const float* v_layer(int64_t layer) const { return v_.get() + index(layer, 0, vw_); }
+  // Storage for every block of `pool`, every layer, in `dtype` (F32, or BF16 /
+  // F16: half the bytes, each value rounded to nearest even when stored and
+  // widened exactly when read). Throws Error(OutOfMemory), Error(InvalidArgument)
+  // for another dtype.
+  KVCache(int64_t layers, const KvBlockPool& pool, int64_t k_width, int64_t v_width, DType dtype = DType::F32);
+  DType dtype() const { return dtype_; }
+  // Writes the rows of (slot, pos) in `layer`: k_width values of k, and v_width of
+  // v unless v is null.
+  void store(int64_t layer, int64_t slot, int64_t pos, const float* k, const float* v);
+  // Position pos's key row as f32: the row itself (F32), or widened into `tmp`
+  // (k_width floats).
+  const float* k_row(int64_t layer, int64_t slot, int64_t pos, float* tmp) const;
+  // Row 0 of a layer's keys / values (KernelTable::attend's base with a table):
+  // floats for F32, uint16_t for BF16 / F16.
+  const void* k_layer(int64_t layer) const { return k_.get() + index(layer, 0, kw_); }
+  const void* v_layer(int64_t layer) const { return v_.get() + index(layer, 0, vw_); }
   uint64_t bytes() const { return bytes_; }
+  // Bytes per stored value: 4 (F32) or 2.
+  static int64_t element_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 
  private:
   int64_t row(int64_t slot, int64_t pos) const {
@@ -75,13 +88,15 @@ class KVCache {
     return static_cast<int64_t>(pool_.table(static_cast<int>(slot))[pos / bt]) * bt + pos % bt;
   }
   size_t index(int64_t layer, int64_t row, int64_t w) const {
-    return static_cast<size_t>((layer * rows_ + row) * w);
+    return static_cast<size_t>((layer * rows_ + row) * w * es_);
   }
   const KvBlockPool& pool_;
   int64_t rows_, kw_, vw_;
+  DType dtype_;
+  int64_t es_;  // element bytes
   uint64_t bytes_ = 0;
   // NOTE: left uninitialised: pages are only touched (committed) as blocks fill.
-  std::unique_ptr<float[]> k_, v_;
+  std::unique_ptr<uint8_t[]> k_, v_;
 };
 
 }  // namespace colibri

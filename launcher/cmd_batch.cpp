@@ -393,13 +393,12 @@ int cmd_batch_impl(int argc, char** argv) {
       cxxopts::value<int64_t>()->default_value("256"))(
       "max-context", "Positions per sequence (prompt + new tokens), 0..the model's; 0 = the model's, at most 4096",
       cxxopts::value<int64_t>()->default_value("0"))(
-      "kv-cache-mb", "KV cache size in MiB, 0..2^24; 0 = room for max-running whole contexts",
-      cxxopts::value<int64_t>()->default_value("0"))(
       "t,threads", "Compute threads per rank, 0..1024; 0 = the cores divided among this node's ranks",
       cxxopts::value<int>()->default_value("0"))(
       "kernels", "CPU kernels: auto, avx512, avx2 or generic (avx512/avx2: x86-64 only)",
       cxxopts::value<std::string>()->default_value("auto"))(
       "no-verify", "Skip the checksum check of dense tensors at load");
+  add_kv_options(o, "room for max-running whole contexts");
   add_cluster_options(o, false);
   add_common_options(o);
   auto r = o.parse(argc, argv);
@@ -408,8 +407,9 @@ int cmd_batch_impl(int argc, char** argv) {
   const int64_t max_step = option_in_range(r, "max-step-tokens", Range<int64_t>{1, kMaxChunk});
   const int64_t max_context_opt =
       option_in_range(r, "max-context", Range<int64_t>{0, kMaxPositions, false, "(0 = the model's, at most 4096)"});
-  const int64_t kv_mb = option_in_range(r, "kv-cache-mb", Range<int64_t>{0, int64_t{1} << 24, false, "(0 = whole contexts)"});
   const int threads_opt = check_option("threads", r["threads"].as<int>(), Range<int>{0, kernels::kMaxThreads, false, "(0 = all cores)"});
+  EngineOptions kv_opts;  // --kv-dtype, --kv-block, --kv-cache-mb, checked before any work
+  apply_kv_options(r, kv_opts);
 
   ClusterRuntime rt = open_cluster(r, false);
   Communicator* comm = rt.comm.get();
@@ -487,7 +487,9 @@ int cmd_batch_impl(int argc, char** argv) {
     eo.max_batch = max_running;
     eo.prefill_chunk = max_step;
     eo.max_context = cx.max_context;
-    eo.kv_cache_mb = kv_mb;
+    eo.kv_dtype = kv_opts.kv_dtype;
+    eo.kv_block_tokens = kv_opts.kv_block_tokens;
+    eo.kv_cache_mb = kv_opts.kv_cache_mb;
     eo.placement = es.placement;
     eo.store = es.store;
     eo.device = es.dense_device;
@@ -495,9 +497,10 @@ int cmd_batch_impl(int argc, char** argv) {
     Engine engine(file, eo, *comm);
     engine.start_workers();
     spdlog::info("model {}: {} layers, {} experts top-{}; {} rank(s) over {}, {} threads/rank, {} kernels; "
-                 "max-running {}, max-step-tokens {}, context {}, KV cache {:.1f} MiB",
+                 "max-running {}, max-step-tokens {}, context {}, KV cache {:.1f} MiB of {}",
                  file->path(), cfg.num_layers, cfg.num_experts, cfg.experts_per_token, world, comm->backend(), threads,
-                 kernels::active().name, max_running, max_step, cx.max_context, engine.kv_cache_bytes() / 1048576.0);
+                 kernels::active().name, max_running, max_step, cx.max_context, engine.kv_cache_bytes() / 1048576.0,
+                 dtype_name(eo.kv_dtype));
 
     SchedulerOptions so;
     so.max_running = max_running;

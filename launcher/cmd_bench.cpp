@@ -209,7 +209,7 @@ void dense_bytes(const ColibriFile& f, ModelBytes& b) {
 
 // KV cache bytes read by attention per decode step (mean over the steps): each
 // of B rows at position p attends to min(window, p + 1) positions per layer.
-double kv_bytes_per_step(const ModelConfig& c, int64_t B, int64_t P, int64_t N) {
+double kv_bytes_per_step(const ModelConfig& c, int64_t B, int64_t P, int64_t N, DType kv_dtype) {
   const double width = c.attention == "mla" ? static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim)
                                             : 2.0 * static_cast<double>(c.num_kv_heads * c.head_dim);
   double total = 0;
@@ -218,7 +218,7 @@ double kv_bytes_per_step(const ModelConfig& c, int64_t B, int64_t P, int64_t N) 
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const int64_t w = c.window(l);
       const int64_t att = w > 0 ? std::min(w, pos + 1) : pos + 1;
-      total += static_cast<double>(att) * width * sizeof(float);
+      total += static_cast<double>(att) * width * (kv_dtype == DType::F32 ? 4.0 : 2.0);
     }
   }
   return N > 1 ? total * static_cast<double>(B) / static_cast<double>(N - 1) : 0.0;
@@ -372,6 +372,13 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
   const int64_t reps = option_or(r, "reps", 3, Range<int64_t>{1, 1000});
   const int64_t warmup = option_or(r, "warmup", 1, Range<int64_t>{0, 1000});
   const int64_t chunk = option_or(r, "prefill-chunk", 256, Range<int64_t>{1, kMaxChunk});
+  DType kv_dtype = DType::F32;
+  if (r.count("kv-dtype")) {
+    const auto dt = dtype_from_name(r["kv-dtype"].as<std::string>());
+    if (!dt || (*dt != DType::F32 && *dt != DType::BF16 && *dt != DType::F16))
+      bad_arg("--kv-dtype '" + r["kv-dtype"].as<std::string>() + "' is not f32, bf16 or f16");
+    kv_dtype = *dt;
+  }
   const uint64_t seed = r.count("seed") ? r["seed"].as<uint64_t>() : 0;
   const bool as_json = r.count("json") > 0;
   const std::string kn = r.count("kernels") ? r["kernels"].as<std::string>() : "auto";
@@ -397,7 +404,8 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
     // killed by the OOM killer.
     const double width = c.attention == "mla" ? static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim)
                                               : 2.0 * static_cast<double>(c.num_kv_heads * c.head_dim);
-    const double kv = static_cast<double>(c.num_layers) * static_cast<double>(B) * static_cast<double>(P + N) * width * 4;
+    const double kv = static_cast<double>(c.num_layers) * static_cast<double>(B) * static_cast<double>(P + N) * width *
+                      (kv_dtype == DType::F32 ? 4.0 : 2.0);
     const double rows = static_cast<double>(std::max(chunk, B));
     const double act = rows * (static_cast<double>(c.vocab_size) + 8.0 * static_cast<double>(c.hidden_size)) * 4;
     const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
@@ -432,7 +440,7 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
   ModelBytes bytes;
   bytes.batch = B;
   dense_bytes(*file, bytes);
-  bytes.kv = kv_bytes_per_step(c, B, P, N);
+  bytes.kv = kv_bytes_per_step(c, B, P, N, kv_dtype);
 
   // The timed runs.
   std::vector<RepResult> res;
@@ -447,6 +455,7 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
   int sig = 0;                // the signal that stopped the benchmark, if one did
   {
     EngineOptions eo = engine_options(B, P, N, chunk);
+    eo.kv_dtype = kv_dtype;
     eo.placement = es.placement;
     eo.store = es.store;
     eo.device = es.dense_device;
@@ -744,6 +753,7 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
           {"warmup", warmup},
           {"seed", seed},
           {"prefill_chunk", chunk},
+          {"kv_dtype", dtype_name(kv_dtype)},
           {"kernels", kernels::active().name},
           {"sampling", "greedy"},
           {"ignore_eos", true},
@@ -1389,6 +1399,7 @@ int cmd_bench(int argc, char** argv) {
       "warmup", "Untimed runs before the timed ones, 0..1000 (default 1)", cxxopts::value<int64_t>())(
       "seed", "Seed of the random prompts (default 0)", cxxopts::value<uint64_t>())(
       "prefill-chunk", "Most tokens per prefill pass, 1..65536 (default 256)", cxxopts::value<int64_t>())(
+      "kv-dtype", "KV cache storage: f32 (default), bf16 or f16", cxxopts::value<std::string>())(
       "kernels", "CPU kernels: auto, avx512, avx2 or generic (default auto: the widest the CPU has)", cxxopts::value<std::string>())(
       "no-verify", "Skip the checksum check of dense tensors at load")(
       "csv", "Append one row (configuration, then results) to this CSV; the header first when the file is new",
@@ -1406,7 +1417,7 @@ int cmd_bench(int argc, char** argv) {
 
   const bool mem = r.count("memory-bandwidth") > 0, flops = r.count("peak-flops") > 0, model = r.count("model") > 0;
   if (mem + flops + model > 1) bad_arg("give one of --model, --memory-bandwidth and --peak-flops");
-  const char* model_only[] = {"batch", "prompt-len", "new-tokens", "warmup", "seed", "prefill-chunk", "kernels",
+  const char* model_only[] = {"batch", "prompt-len", "new-tokens", "warmup", "seed", "prefill-chunk", "kv-dtype", "kernels",
                               "no-verify", "routing-replay", "csv", "label", "no-stage-sync", "placement", "stats",
                               "coordinator-experts", "inject-fault"};
   if (mem || flops) {

@@ -89,6 +89,7 @@ void add_generation_options(cxxopts::Options& o, bool one_process) {
       "no-verify", "Skip the checksum check of dense tensors at load")(
       "check-numerics", "Debugging: check every activation after each stage of every layer and name the first "
       "layer and stage where a NaN or infinity appears (slower; the logits are always checked)");
+  add_kv_options(o, "room for every prompt's whole context (never preempts)");
   add_cluster_options(o, one_process);
 }
 
@@ -120,6 +121,8 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
   const float top_p = option_in_range(r, "top-p", Range<float>{0, 1, true, "(1 = off)"});
   const int64_t prefill_chunk = option_in_range(r, "prefill-chunk", Range<int64_t>{1, kMaxChunk});
   const int64_t max_context = option_in_range(r, "max-context", Range<int64_t>{0, kMaxPositions, false, "(0 = what the prompts need)"});
+  EngineOptions kv_opts;  // --kv-dtype, --kv-block, --kv-cache-mb
+  apply_kv_options(r, kv_opts);
   const int threads_opt = check_option("threads", r["threads"].as<int>(), Range<int>{0, kernels::kMaxThreads, false, "(0 = all cores)"});
 
   ClusterRuntime rt = open_cluster(r, !cluster_cmd);
@@ -196,6 +199,9 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     eo.max_batch = static_cast<int64_t>(reqs.size());
     eo.prefill_chunk = prefill_chunk;
     eo.max_context = max_context;
+    eo.kv_dtype = kv_opts.kv_dtype;
+    eo.kv_block_tokens = kv_opts.kv_block_tokens;
+    eo.kv_cache_mb = kv_opts.kv_cache_mb;
     if (eo.max_context == 0) {
       // NOTE: size the KV cache for this request, not the model's full context.
       int64_t need = 0;
@@ -211,9 +217,10 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     Engine engine(file, eo, *comm);
     engine.start_workers();  // now, so that even an early stop finds the workers set up
     engine.validate(reqs);  // before any work, with the model's own limits
-    spdlog::info("model {}: {} layers, {} experts top-{}; {} rank(s) over {}, {} threads/rank, {} kernels", file->path(),
-                 cfg.num_layers, cfg.num_experts, cfg.experts_per_token, world, comm->backend(), threads,
-                 kernels::active().name);
+    spdlog::info("model {}: {} layers, {} experts top-{}; {} rank(s) over {}, {} threads/rank, {} kernels; KV cache "
+                 "{:.1f} MiB of {}",
+                 file->path(), cfg.num_layers, cfg.num_experts, cfg.experts_per_token, world, comm->backend(), threads,
+                 kernels::active().name, engine.kv_cache_bytes() / 1048576.0, dtype_name(eo.kv_dtype));
 
     GenerateOptions go;
     go.record_logits = r.count("dump-logits") > 0;

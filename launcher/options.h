@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "launcher/commands.h"
+#include "model/dtype.h"
 #include "model/error.h"
 
 namespace colibri::cli {
@@ -65,5 +66,26 @@ constexpr int kMaxRanks = 65536;          // --np, --ranks, --nodes x GPUs
 constexpr int64_t kMaxPositions = 1 << 24;  // tokens per sequence, context, top-k
 constexpr int64_t kMaxChunk = 65536;      // --prefill-chunk, --batch
 constexpr double kMinCommTimeout = 0.1, kMaxCommTimeout = 86400;  // --comm-timeout, seconds
+
+// The KV cache's options (generate, run, batch, bench): --kv-dtype, --kv-block
+// and, with `with_mb`, --kv-cache-mb (its default text says what 0 means).
+inline void add_kv_options(cxxopts::Options& o, const char* mb_zero_means) {
+  o.add_options()("kv-dtype", "KV cache storage: f32, bf16 or f16 (half the memory; keys and values rounded)",
+                  cxxopts::value<std::string>()->default_value("f32"))(
+      "kv-block", "KV cache block size in positions, 1..4096", cxxopts::value<int64_t>()->default_value("16"))(
+      "kv-cache-mb", std::string("KV cache size in MiB, 0..2^24; 0 = ") + mb_zero_means,
+      cxxopts::value<int64_t>()->default_value("0"));
+}
+// Checks them (exit 11 naming the option) and sets them in `eo`.
+template <class EngineOptionsT>
+void apply_kv_options(const cxxopts::ParseResult& r, EngineOptionsT& eo) {
+  const std::string name = r["kv-dtype"].as<std::string>();
+  const auto dt = dtype_from_name(name);
+  if (!dt || (*dt != DType::F32 && *dt != DType::BF16 && *dt != DType::F16))
+    throw Error(Status::InvalidArgument, "--kv-dtype '" + name + "' is not f32, bf16 or f16");
+  eo.kv_dtype = *dt;
+  eo.kv_block_tokens = option_in_range(r, "kv-block", Range<int64_t>{1, 4096});
+  eo.kv_cache_mb = option_in_range(r, "kv-cache-mb", Range<int64_t>{0, int64_t{1} << 24, false, "(0 = whole contexts)"});
+}
 
 }  // namespace colibri::cli

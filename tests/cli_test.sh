@@ -139,6 +139,16 @@ expect_rc 0 "generate greedy again" "$BIN" generate -m "$M" -p 1,2,3,4 -p 5,6 -n
 sequences >"$T/greedy2"
 cmp -s "$T/greedy1" "$T/greedy2" || fail "greedy generation differs between two runs"
 pass "greedy generation is reproducible"
+expect_rc 0 "generate with an explicit f32 KV cache in blocks of 3" "$BIN" generate -m "$M" -p 1,2,3,4 -p 5,6 -n 6 \
+  --ignore-eos --kv-dtype f32 --kv-block 3
+sequences >"$T/greedy3"
+cmp -s "$T/greedy1" "$T/greedy3" || fail "--kv-dtype f32 --kv-block 3 changed the tokens"
+for kd in bf16 f16; do
+  expect_rc 0 "generate with a $kd KV cache" "$BIN" generate -m "$M" -p 1,2,3,4 -p 5,6 -n 6 --ignore-eos --kv-dtype "$kd"
+  [ "$(sequences | wc -l)" -eq 2 ] || fail "expected 2 sequence lines with --kv-dtype $kd"
+  err_has "$kd"  # the log names the cache's type
+done
+pass "--kv-dtype f32 and --kv-block leave the tokens as they were; bf16 and f16 caches generate"
 
 expect_rc 0 "generate bf16 model" "$BIN" generate -m "$MB" -p 1,2,3,4 -p 5,6 -n 6 --ignore-eos
 [ "$(sequences | wc -l)" -eq 2 ] || fail "expected 2 sequence lines from the bf16 model"

@@ -414,6 +414,27 @@ float half_to_float(uint16_t h) {
   return sign ? -v : v;
 }
 
+// A stored 16-bit value (dtype 1: f16, 2: bf16) widened to f32.
+float widen_16(uint16_t h, int dt) { return dt == 1 ? half_to_float(h) : f32_of(h); }
+
+// Whether h is x rounded to the nearest value of its type, ties to even (finite
+// x within the type's range). bf16 against bf16_of; f16 by comparing with both
+// neighbours of h, so that no second implementation of the rounding is trusted.
+bool nearest_16(float x, uint16_t h, int dt) {
+  if (dt == 2) return h == bf16_of(x);
+  if (((h >> 10) & 31) == 31) return false;  // no infinity or NaN for finite inputs in range
+  const uint16_t sign = h & 0x8000, m = h & 0x7fff;
+  if (m == 0) return std::fabs(static_cast<double>(x)) <= std::ldexp(1.0, -25);  // zero: at most half the least subnormal
+  if ((x < 0) != (sign != 0)) return false;
+  const double ax = std::fabs(static_cast<double>(x));
+  const double d = std::fabs(ax - std::fabs(static_cast<double>(half_to_float(m))));
+  const double dlo = std::fabs(ax - std::fabs(static_cast<double>(half_to_float(static_cast<uint16_t>(m - 1)))));
+  const double dhi = m + 1 < 0x7c00 ? std::fabs(ax - std::fabs(static_cast<double>(half_to_float(static_cast<uint16_t>(m + 1)))))
+                                    : INFINITY;
+  if (d > dlo || d > dhi) return false;
+  return (d < dlo && d < dhi) || (m & 1) == 0;  // a tie goes to the even one
+}
+
 void check_embed(std::mt19937_64& rng) {
   const int64_t vocab = 37, hidden = 72, rows = 9;
   std::vector<int32_t> tok(rows);
@@ -462,6 +483,7 @@ struct AttnLayout {
   bool mla;                         // latent: one cache row [latent (dv) | rotary (dk - dv)], k = v
   int64_t window;
   bool sinks;
+  bool half = false;  // also the 16-bit caches (f16, bf16)
 };
 
 void check_attention_case(std::mt19937_64& rng, const AttnLayout& L, const std::vector<int32_t>& lens,
@@ -589,6 +611,65 @@ void check_attention_case(std::mt19937_64& rng, const AttnLayout& L, const std::
   for (size_t i = 0; i < pgot.size(); ++i) pbad += !(same_bits(pgot[i], out[i]) || (std::isnan(pgot[i]) && std::isnan(out[i])));
   CHECK(pbad == 0, "attention %s over a paged cache: %zu of %zu elements differ from the contiguous cache's", L.name,
         pbad, pgot.size());
+
+  // The same paged cache in f16 (dtype 1) and bf16 (2): kv_store rounds every
+  // value to the nearest 16-bit value, ties to even, and attention over it is
+  // bitwise attention over an f32 cache that holds the widened values. (The
+  // layouts marked `half`: the emulator runs attention slowly.)
+  for (int dt = 1; dt <= 2 && L.half; ++dt) {
+    const size_t cells = static_cast<size_t>(pool * B * width);
+    DeviceBuffer hkc = upload(std::vector<uint16_t>(cells, 0xffff)),  // NaN in both types
+        hvc = upload(std::vector<uint16_t>(L.mla ? 1 : cells, 0xffff));
+    const KvLayout hl{C, dtab.as<int32_t>(), bps, B, dt};
+    {
+      DeviceBuffer dks = upload(ksrc), dvs = upload(vsrc), dss = upload(st_seq), dps = upload(st_pos);
+      kv_store(dks.as<float>(), lds, stored, width, hkc.get(), hl, dss.as<int32_t>(), dps.as<int32_t>(), nullptr);
+      if (!L.mla) kv_store(dvs.as<float>(), lds, stored, width, hvc.get(), hl, dss.as<int32_t>(), dps.as<int32_t>(), nullptr);
+    }
+    synchronize();
+    const auto hk = download<uint16_t>(hkc, cells);
+    const auto hv = L.mla ? std::vector<uint16_t>() : download<uint16_t>(hvc, cells);
+    std::vector<float> kwid(ksrc), vwid(vsrc);  // the stored values widened: the f32 reference cache's
+    size_t hbad = 0;
+    for (int64_t j = 0; j < stored; ++j) {
+      const int64_t s = st_seq[static_cast<size_t>(j)], t = st_pos[static_cast<size_t>(j)];
+      const int64_t row = table[static_cast<size_t>(s * bps + t / B)] * B + t % B;
+      for (int64_t i = 0; i < width; ++i) {
+        const size_t src = static_cast<size_t>(j * lds + i), dst = static_cast<size_t>(row * width + i);
+        hbad += !nearest_16(ksrc[src], hk[dst], dt);
+        kwid[src] = widen_16(hk[dst], dt);
+        if (!L.mla) {
+          hbad += !nearest_16(vsrc[src], hv[dst], dt);
+          vwid[src] = widen_16(hv[dst], dt);
+        }
+      }
+    }
+    CHECK(hbad == 0, "kv_store %s into a %s cache: %zu values not rounded to nearest even", L.name,
+          dt == 1 ? "f16" : "bf16", hbad);
+    DeviceBuffer wkc = nan_buffer(cells), wvc = nan_buffer(L.mla ? 1 : cells);
+    {
+      DeviceBuffer dks = upload(kwid), dvs = upload(vwid), dss = upload(st_seq), dps = upload(st_pos);
+      kv_store(dks.as<float>(), lds, stored, width, wkc.as<float>(), kl, dss.as<int32_t>(), dps.as<int32_t>(), nullptr);
+      if (!L.mla) kv_store(dvs.as<float>(), lds, stored, width, wvc.as<float>(), kl, dss.as<int32_t>(), dps.as<int32_t>(), nullptr);
+    }
+    DeviceBuffer wout = nan_buffer(static_cast<size_t>(rows * ldo)), hout = nan_buffer(static_cast<size_t>(rows * ldo));
+    AttentionArgs wa = pa, ha = pa;
+    wa.k = wkc.as<float>(), wa.v = L.mla ? wkc.as<float>() : wvc.as<float>(), wa.out = wout.as<float>();
+    ha.k = hkc.get(), ha.v = L.mla ? hkc.get() : hvc.get(), ha.kv_dtype = dt, ha.out = hout.as<float>();
+    attention(wa, nullptr);
+    attention(ha, nullptr);
+    synchronize();
+    const auto wgot = download<float>(wout, static_cast<size_t>(rows * ldo));
+    const auto hgot = download<float>(hout, static_cast<size_t>(rows * ldo));
+    size_t dbad = 0, finite = 0;
+    for (size_t i = 0; i < hgot.size(); ++i) {
+      dbad += !(same_bits(hgot[i], wgot[i]) || (std::isnan(hgot[i]) && std::isnan(wgot[i])));
+      finite += std::isfinite(hgot[i]);
+    }
+    CHECK(dbad == 0 && finite == static_cast<size_t>(rows * L.heads * L.dv),
+          "attention %s over a %s cache: %zu of %zu elements differ from the widened f32 cache's (%zu finite)", L.name,
+          dt == 1 ? "f16" : "bf16", dbad, hgot.size(), finite);
+  }
 }
 
 void check_attention(std::mt19937_64& rng) {
@@ -605,9 +686,9 @@ void check_attention(std::mt19937_64& rng) {
   check_attention_case(rng, {"gqa g4 window", 8, 2, 128, 128, false, 8, true}, lens, seqs, pos);
   check_attention_case(rng, {"gqa g4 prefill", 8, 2, 128, 128, false, 0, true}, lens, pseqs, ppos);
   check_attention_case(rng, {"gqa g2 hd80", 4, 2, 80, 80, false, 0, true}, lens, seqs, pos);
-  check_attention_case(rng, {"gqa window 1", 4, 2, 32, 32, false, 1, false}, lens, dseqs, dpos);
+  check_attention_case(rng, {"gqa window 1", 4, 2, 32, 32, false, 1, false, true}, lens, dseqs, dpos);
   check_attention_case(rng, {"gqa hd256", 2, 1, 256, 256, false, 50, false}, lens, seqs, pos);
-  check_attention_case(rng, {"mla small", 4, 1, 96, 64, true, 0, false}, lens, seqs, pos);
+  check_attention_case(rng, {"mla small", 4, 1, 96, 64, true, 0, false, true}, lens, seqs, pos);
   check_attention_case(rng, {"mla v3", 16, 1, 576, 512, true, 0, false}, lens, seqs, pos);
   check_attention_case(rng, {"mla 1024", 2, 1, 1024, 960, true, 0, false}, lens, dseqs, dpos);
   {  // a position outside the context yields NaN, and nothing is read

@@ -52,6 +52,11 @@ refuse "${G[@]}" -- top-p 1.5
 refuse "${G[@]}" -- prefill-chunk 0
 refuse "${G[@]}" -- prefill-chunk 1000000
 refuse "${G[@]}" -- max-context -1
+refuse "${G[@]}" -- kv-block 0
+refuse "${G[@]}" -- kv-block 4097
+refuse "${G[@]}" -- kv-cache-mb -1
+expect_rc 11 "generate --kv-dtype q4" "$BIN" "${G[@]}" --kv-dtype q4 --log-level warn
+err_has "--kv-dtype 'q4' is not f32, bf16 or f16"
 refuse "${G[@]}" -- expert-cache-experts -1
 refuse "${G[@]}" -- cache-decay 0
 refuse "${G[@]}" -- cache-decay 1.5
@@ -158,6 +163,8 @@ refuse bench --model "$M" -- new-tokens 1
 refuse bench --model "$M" -- reps 0
 refuse bench --model "$M" -- warmup -1
 refuse bench --model "$M" -- prefill-chunk 0
+expect_rc 11 "bench --kv-dtype int8" "$BIN" bench --model "$M" --kv-dtype int8 --log-level warn
+err_has "--kv-dtype 'int8'"
 refuse bench --model "$M" -- comm-timeout 0
 refuse bench --memory-bandwidth -- size-mb 0
 refuse bench --memory-bandwidth -- reps 101

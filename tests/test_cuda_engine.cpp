@@ -91,6 +91,26 @@ TEST_P(CudaEngine, AllGpuWithinBf16Tolerance) {
   expect_bf16_parity(fx, run_engine(path, fx.requests(), eo));
 }
 
+// A 16-bit KV cache on the GPU (--kv-dtype bf16 / f16): grouped attention with
+// sinks and a window (gpt-oss) and MLA's latent cache (DeepSeek-V3) stay within
+// bf16 tolerance of transformers, the prompts spanning several passes.
+TEST(CudaEngineAll, SixteenBitKvCacheWithinBf16Tolerance) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU";
+  for (const auto& [name, dt] : {std::pair<const char*, DType>{"gpt_oss_a", DType::F16}, {"deepseek_v3_a", DType::BF16}}) {
+    Fixture fx(name);
+    TempDir tmp;
+    const std::string path = fx.convert(tmp, DType::BF16);
+    {
+      SCOPED_TRACE(std::string(name) + " " + dtype_name(dt));
+      EngineOptions eo;
+      eo.device = 0;
+      eo.kv_dtype = dt;
+      eo.prefill_chunk = 3;
+      expect_bf16_parity(fx, run_engine(path, fx.requests(), eo));
+    }
+  }
+}
+
 // The dense part on the GPU, the experts on the CPU (an f32 file: the GPU
 // rounds its matrices to bf16 at upload). Every fixture, the quantised included.
 TEST(CudaEngineAll, GpuDenseCpuExpertsWithinBf16Tolerance) {

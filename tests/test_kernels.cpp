@@ -231,6 +231,14 @@ TEST(Kernels, AttendMatchesReference) {
   }
 }
 
+// A random injective block table: `nblocks` distinct blocks of a pool of `pool`.
+static std::vector<int32_t> random_block_table(std::mt19937_64& rng, int nblocks, int pool) {
+  std::vector<int32_t> perm(static_cast<size_t>(pool));
+  for (int i = 0; i < pool; ++i) perm[static_cast<size_t>(i)] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  return std::vector<int32_t>(perm.begin(), perm.begin() + nblocks);
+}
+
 // A paged cache (blocks of positions anywhere in the buffer, a block table)
 // gives bitwise the result of the same rows stored contiguously, from any
 // first position.
@@ -245,11 +253,7 @@ TEST(Kernels, AttendOverABlockTableEqualsContiguousBitwise) {
       const int B = 1 + static_cast<int>(rng() % 17), first = static_cast<int>(rng() % 40);
       const int n = 1 + static_cast<int>(rng() % 200), end = first + n;
       const int nblocks = (end + B - 1) / B, pool = nblocks + 5;
-      // A random injective table into a pool with spare blocks.
-      std::vector<int32_t> perm(static_cast<size_t>(pool));
-      for (int i = 0; i < pool; ++i) perm[static_cast<size_t>(i)] = i;
-      std::shuffle(perm.begin(), perm.end(), rng);
-      std::vector<int32_t> table(perm.begin(), perm.begin() + nblocks);
+      const std::vector<int32_t> table = random_block_table(rng, nblocks, pool);
       auto q = test::random_floats(rng, d, -2.f, 2.f);
       auto k = test::random_floats(rng, static_cast<size_t>(end * stride), -2.f, 2.f);
       auto v = test::random_floats(rng, static_cast<size_t>(end * stride), -1.f, 1.f);
@@ -267,6 +271,52 @@ TEST(Kernels, AttendOverABlockTableEqualsContiguousBitwise) {
       for (int i = 0; i < d; ++i) ASSERT_TRUE(std::isfinite(want[static_cast<size_t>(i)])) << i;
       ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
           << "d " << d << " block " << B << " first " << first << " n " << n;
+    }
+  }
+}
+
+// attend16 over a bf16 or f16 cache (paged, from any first position) is bitwise
+// attend over the same cache widened to f32: the 16-bit KV cache changes what is
+// stored, never the arithmetic.
+TEST(Kernels, Attend16IsAttendOverTheWidenedCacheBitwise) {
+  uint64_t seed = test::test_seed();
+  COLIBRI_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (const KernelTable* kt : tables()) {
+    SCOPED_TRACE(kt->name);
+    for (int trial = 0; trial < 40; ++trial) {
+      const DType t = trial % 2 ? DType::BF16 : DType::F16;
+      const int d = 1 + static_cast<int>(rng() % (trial < 4 ? kernels::kMaxAttendDim : 160));
+      const int stride = d + static_cast<int>(rng() % 3);
+      const int B = 1 + static_cast<int>(rng() % 17), first = static_cast<int>(rng() % 40);
+      const int n = 1 + static_cast<int>(rng() % 150), end = first + n;
+      const int nblocks = (end + B - 1) / B, pool = nblocks + 3;
+      const std::vector<int32_t> table = random_block_table(rng, nblocks, pool);
+      auto q = test::random_floats(rng, d, -2.f, 2.f);
+      auto k = test::random_floats(rng, static_cast<size_t>(end * stride), -2.f, 2.f);
+      auto v = test::random_floats(rng, static_cast<size_t>(end * stride), -1.f, 1.f);
+      // The paged 16-bit cache (unused rows 0xffff: NaN in both types) and its widening.
+      std::vector<uint16_t> k16(static_cast<size_t>(pool * B * stride), 0xffff), v16(k16.size(), 0xffff);
+      std::vector<float> kw(k16.size(), NAN), vw(k16.size(), NAN);
+      for (int p = 0; p < end; ++p) {
+        const size_t r = static_cast<size_t>(table[static_cast<size_t>(p / B)] * B + p % B) * stride;
+        for (int i = 0; i < stride; ++i) {
+          const size_t src = static_cast<size_t>(p * stride + i);
+          k16[r + i] = t == DType::BF16 ? f32_to_bf16(k[src]) : f32_to_f16(k[src]);
+          v16[r + i] = t == DType::BF16 ? f32_to_bf16(v[src]) : f32_to_f16(v[src]);
+          kw[r + i] = t == DType::BF16 ? bf16_to_f32(k16[r + i]) : f16_to_f32(k16[r + i]);
+          vw[r + i] = t == DType::BF16 ? bf16_to_f32(v16[r + i]) : f16_to_f32(v16[r + i]);
+        }
+      }
+      const float scale = 0.3f, sink = 0.7f;
+      const float* s = trial % 3 ? &sink : nullptr;
+      std::vector<float> sc(static_cast<size_t>(n)), want(static_cast<size_t>(d), NAN), got(static_cast<size_t>(d), NAN);
+      kt->attend(q.data(), d, kw.data(), vw.data(), stride, table.data(), B, first, n, scale, s, sc.data(), want.data());
+      kt->attend16(q.data(), d, k16.data(), v16.data(), stride, t, table.data(), B, first, n, scale, s, sc.data(),
+                   got.data());
+      for (int i = 0; i < d; ++i) ASSERT_TRUE(std::isfinite(want[static_cast<size_t>(i)])) << i;
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+          << dtype_name(t) << " d " << d << " block " << B << " first " << first << " n " << n;
     }
   }
 }

@@ -283,6 +283,63 @@ TEST(Scheduler, DecodeRunsBesideAChunkedPrefill) {
   EXPECT_EQ(sched.stats().preemptions, 0);
 }
 
+// A 16-bit KV cache (--kv-dtype bf16 / f16): half the bytes per block; each
+// request's tokens and logits stay bitwise those of generate() of it alone with
+// the same cache type, whatever runs beside it and through preemption; the
+// results differ from the f32 cache's (the option takes effect) but stay close.
+TEST(Scheduler, SixteenBitKvCacheKeepsBatchInvarianceAndStaysClose) {
+  uint64_t seed = test_seed();
+  COLIBRI_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (const std::string& name : {std::string("mixtral_a"), std::string("deepseek_v3_a"), std::string("gpt_oss_a")}) {
+    const std::string& path = converted(name);
+    const int64_t vocab = ColibriFile::open(path)->config().vocab_size;
+    for (DType dt : {DType::BF16, DType::F16}) {
+      SCOPED_TRACE(name + " " + dtype_name(dt));
+      auto reqs = random_requests(rng, 5, vocab, 16, 10);
+      EngineOptions one;
+      one.kv_dtype = dt;
+      std::vector<SequenceOutput> want, exact;
+      for (const Request& r : reqs) {
+        want.push_back(run_engine(path, {r}, one)[0]);
+        exact.push_back(run_engine(path, {r})[0]);
+      }
+      EngineOptions eo;
+      eo.kv_dtype = dt;
+      eo.max_batch = 3;
+      eo.prefill_chunk = 1 + static_cast<int64_t>(rng() % 10);
+      eo.max_context = 64;
+      eo.kv_block_tokens = 4;
+      size_t longest = 0;
+      for (const auto& r : reqs) longest = std::max(longest, r.prompt.size() + static_cast<size_t>(r.max_new_tokens));
+      eo.kv_cache_blocks = static_cast<int64_t>((longest + 3) / 4) + 1;  // too small for 3 long sequences: preempts
+      std::unique_ptr<Communicator> comm, comm32;
+      auto engine = make_engine(path, eo, comm);
+      EngineOptions eo32 = eo;
+      eo32.kv_dtype = DType::F32;
+      EXPECT_EQ(engine->kv_cache_bytes() * 2, make_engine(path, eo32, comm32)->kv_cache_bytes());
+      SchedulerOptions so;
+      so.record_logits = true;
+      std::vector<int> arrive(reqs.size());
+      for (auto& a : arrive) a = static_cast<int>(rng() % 8);
+      const auto got = schedule(*engine, so, reqs, arrive);
+      bool any_differs = false;
+      double worst = 0;
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        expect_same(got[i], want[i], "request " + std::to_string(i));
+        // The first generated token's logits come from the stored prompt.
+        ASSERT_GE(exact[i].logits.size(), static_cast<size_t>(vocab));
+        any_differs |= std::memcmp(want[i].logits.data(), exact[i].logits.data(), static_cast<size_t>(vocab) * 4) != 0;
+        worst = std::max(worst, rel_l2(want[i].logits.data(), exact[i].logits.data(), vocab));
+      }
+      std::printf("%s, %s KV cache: first-token logits within %.2e (relative L2) of the f32 cache's\n", name.c_str(),
+                  dtype_name(dt), worst);
+      EXPECT_TRUE(any_differs) << "a 16-bit cache gave bitwise the f32 cache's logits: it was not used";
+      EXPECT_LT(worst, dt == DType::BF16 ? 3e-2 : 5e-3);
+    }
+  }
+}
+
 TEST(Scheduler, KvLimitsAreClearErrors) {
   const std::string& path = converted("mixtral_a");
   std::unique_ptr<Communicator> comm;
@@ -293,6 +350,10 @@ TEST(Scheduler, KvLimitsAreClearErrors) {
   eo.kv_block_tokens = 16;
   eo.kv_cache_mb = -1;
   EXPECT_THROW(make_engine(path, eo, comm), Error);
+  eo.kv_cache_mb = 0;
+  eo.kv_dtype = static_cast<DType>(7);  // not a storage type
+  EXPECT_THROW(make_engine(path, eo, comm), Error);
+  eo.kv_dtype = DType::F32;
   eo.kv_cache_mb = 1;
   auto engine = make_engine(path, eo, comm);
   const int64_t positions = engine->kv_pool().num_blocks() * engine->kv_pool().block_tokens();

@@ -38,7 +38,17 @@ struct KernelTable {
   void (*attend)(const float* q, int64_t d, const float* k, const float* v, int64_t stride, const int32_t* blocks,
                  int64_t block_rows, int64_t first, int64_t n, float scale, const float* sink, float* scores,
                  float* out);
+  // attend over a cache of 16-bit values (`t`: DType::BF16 or DType::F16; rows
+  // `stride` values apart): each row is widened to f32 (exactly) and used as
+  // attend uses an f32 row, so the result is bitwise attend's over the widened
+  // cache. d <= kMaxAttendDim.
+  void (*attend16)(const float* q, int64_t d, const uint16_t* k, const uint16_t* v, int64_t stride, DType t,
+                   const int32_t* blocks, int64_t block_rows, int64_t first, int64_t n, float scale, const float* sink,
+                   float* scores, float* out);
 };
+
+// The widest head attend16 takes (the latent attention of DeepSeek-V3 reads 576).
+constexpr int64_t kMaxAttendDim = 1024;
 
 // The AVX2 and AVX-512 tables (and the quantised ones in qkernels.h) are built
 // only for x86-64 (CMakeLists.txt compiles kernels_impl.cpp per ISA there only).

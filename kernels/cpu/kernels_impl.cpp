@@ -435,15 +435,10 @@ struct CacheRows {
   }
 };
 
-void attend(const float* q, int64_t d, const float* k, const float* v, int64_t stride, const int32_t* blocks,
-            int64_t block_rows, int64_t first, int64_t n, float scale, const float* sink, float* scores, float* out) {
-  float mx = -INFINITY;
-  CacheRows kr(blocks, block_rows, first);
-  for (int64_t t = 0; t < n; ++t, kr.next()) {
-    const float s = dot(q, k + kr.row() * stride, d) * scale;
-    scores[t] = s;
-    mx = std::max(mx, s);
-  }
+// The softmax of attend: scores[t] = exp(scores[t] - m) with m the largest
+// score (and the sink), returns 1 / their sum, to which the sink's term is
+// added (it joins the denominator only).
+float softmax_weights(float* scores, int64_t n, float mx, const float* sink) {
   if (sink) mx = std::max(mx, *sink);
   float sum = 0.f;
   int64_t t = 0;
@@ -460,18 +455,53 @@ void attend(const float* q, int64_t d, const float* k, const float* v, int64_t s
   }
 #endif
   for (; t < n; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
-  if (sink) sum += std::exp(*sink - mx);  // the sink joins the denominator only
-  const float inv = 1.0f / sum;
+  if (sink) sum += std::exp(*sink - mx);
+  return 1.0f / sum;
+}
+
+void attend(const float* q, int64_t d, const float* k, const float* v, int64_t stride, const int32_t* blocks,
+            int64_t block_rows, int64_t first, int64_t n, float scale, const float* sink, float* scores, float* out) {
+  float mx = -INFINITY;
+  CacheRows kr(blocks, block_rows, first);
+  for (int64_t t = 0; t < n; ++t, kr.next()) {
+    const float s = dot(q, k + kr.row() * stride, d) * scale;
+    scores[t] = s;
+    mx = std::max(mx, s);
+  }
+  const float inv = softmax_weights(scores, n, mx, sink);
   std::memset(out, 0, static_cast<size_t>(d) * sizeof(float));
   CacheRows vr(blocks, block_rows, first);
   for (int64_t t2 = 0; t2 < n; ++t2, vr.next()) axpy(out, scores[t2] * inv, v + vr.row() * stride, d);
+}
+
+// NOTE: the same operations as attend, in the same order, on each row widened
+// into a buffer (kernels::to_f32: exact), so that the two agree bitwise.
+void attend16(const float* q, int64_t d, const uint16_t* k, const uint16_t* v, int64_t stride, DType type,
+              const int32_t* blocks, int64_t block_rows, int64_t first, int64_t n, float scale, const float* sink,
+              float* scores, float* out) {
+  alignas(64) float row[kMaxAttendDim];
+  float mx = -INFINITY;
+  CacheRows kr(blocks, block_rows, first);
+  for (int64_t t = 0; t < n; ++t, kr.next()) {
+    to_f32(k + kr.row() * stride, type, d, row);
+    const float s = dot(q, row, d) * scale;
+    scores[t] = s;
+    mx = std::max(mx, s);
+  }
+  const float inv = softmax_weights(scores, n, mx, sink);
+  std::memset(out, 0, static_cast<size_t>(d) * sizeof(float));
+  CacheRows vr(blocks, block_rows, first);
+  for (int64_t t2 = 0; t2 < n; ++t2, vr.next()) {
+    to_f32(v + vr.row() * stride, type, d, row);
+    axpy(out, scores[t2] * inv, row, d);
+  }
 }
 
 }  // namespace
 
 const KernelTable& table() {
   static const KernelTable t = {COLIBRI_SIMD == 16 ? "avx512" : COLIBRI_SIMD == 8 ? "avx2" : "generic",
-                                gemm, dot, rmsnorm, silu_mul, axpy, rope, attend};
+                                gemm, dot, rmsnorm, silu_mul, axpy, rope, attend, attend16};
   return t;
 }
 

@@ -206,14 +206,27 @@ __device__ __forceinline__ int64_t kv_row(const int32_t* blocks, int64_t bps, in
   return blocks ? static_cast<int64_t>(blocks[s * bps + t / bt]) * bt + t % bt : s * max_ctx + t;
 }
 
+// Stores x as element i of a cache of DTYPE values (table_value reads it back).
+template <int DTYPE>
+__device__ __forceinline__ void store_value(void* cache, int64_t i, float x) {
+  if constexpr (DTYPE == 0) {
+    static_cast<float*>(cache)[i] = x;
+  } else if constexpr (DTYPE == 1) {
+    static_cast<unsigned short*>(cache)[i] = __half_as_ushort(__float2half_rn(x));
+  } else {
+    static_cast<unsigned short*>(cache)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+}
+
+template <int DTYPE>
 __global__ void kv_store_kernel(const float* __restrict__ src, int64_t lds, int64_t rows, int64_t width,
-                                float* __restrict__ cache, KvLayout kv, const int32_t* __restrict__ seqs,
+                                void* __restrict__ cache, KvLayout kv, const int32_t* __restrict__ seqs,
                                 const int32_t* __restrict__ pos) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t s = seqs[r], p = pos[r];
     if (s < 0 || p < 0 || p >= kv.max_ctx) continue;
-    float* dst = cache + kv_row(kv.blocks, kv.blocks_per_seq, kv.block_tokens, kv.max_ctx, s, p) * width;
-    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[r * lds + i];
+    const int64_t base = kv_row(kv.blocks, kv.blocks_per_seq, kv.block_tokens, kv.max_ctx, s, p) * width;
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) store_value<DTYPE>(cache, base + i, src[r * lds + i]);
   }
 }
 
@@ -229,7 +242,7 @@ constexpr int64_t kAttnMaxDim = 1024;
 // the output accumulator. Each warp keeps an online softmax (running max m, sum
 // l, accumulator); the warps' states merge in warp order through shared memory,
 // where the sink joins the denominator. N: dk, dv <= 32 N.
-template <int N, int U>
+template <int N, int U, int DTYPE>
 __global__ void __launch_bounds__(kAttnMaxWarps * 32) attention_kernel(const AttentionArgs p) {
   __shared__ float sm_m[kAttnMaxWarps], sm_l[kAttnMaxWarps];
   __shared__ float sm_acc[32 * N];
@@ -252,8 +265,7 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) attention_kernel(const Att
       q[j] = idx < p.dk ? qv[idx] : 0.0f;
       acc[j] = 0.0f;
     }
-    const float* kb = p.k + kvh * p.k_head_offset;
-    const float* vb = p.v + kvh * p.v_head_offset;
+    const int64_t kb = kvh * p.k_head_offset, vb = kvh * p.v_head_offset;  // offsets into p.k, p.v
     float m = -INFINITY, l = 0.0f;
     for (int64_t t = start + warp; t <= pos; t += static_cast<int64_t>(U) * nw) {
       float sc[U];
@@ -262,12 +274,12 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) attention_kernel(const Att
       for (int u = 0; u < U; ++u) {
         const int64_t tu = t + static_cast<int64_t>(u) * nw;
         live[u] = tu <= pos;
-        const float* kr = kb + kv_row(p.blocks, p.blocks_per_seq, p.block_tokens, p.max_ctx, s, live[u] ? tu : t) * p.k_stride;
+        const int64_t kr = kb + kv_row(p.blocks, p.blocks_per_seq, p.block_tokens, p.max_ctx, s, live[u] ? tu : t) * p.k_stride;
         float d = 0.0f;
 #pragma unroll
         for (int j = 0; j < N; ++j) {
           const int idx = lane + 32 * j;
-          if (idx < p.dk) d = fmaf(q[j], kr[idx], d);
+          if (idx < p.dk) d = fmaf(q[j], table_value<DTYPE>(p.k, kr + idx), d);
         }
         sc[u] = d;
       }
@@ -293,12 +305,12 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) attention_kernel(const Att
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (!live[u]) continue;
-        const float* vr =
+        const int64_t vr =
             vb + kv_row(p.blocks, p.blocks_per_seq, p.block_tokens, p.max_ctx, s, t + static_cast<int64_t>(u) * nw) * p.v_stride;
 #pragma unroll
         for (int j = 0; j < N; ++j) {
           const int idx = lane + 32 * j;
-          if (idx < p.dv) acc[j] = fmaf(e[u], vr[idx], acc[j]);
+          if (idx < p.dv) acc[j] = fmaf(e[u], table_value<DTYPE>(p.v, vr + idx), acc[j]);
         }
       }
     }
@@ -681,7 +693,7 @@ void embed(const void* table, int dtype, const int32_t* tokens, int64_t rows, in
   COLIBRI_CUDA_LAUNCH_CHECK("embed_kernel");
 }
 
-void kv_store(const float* src, int64_t lds, int64_t rows, int64_t width, float* cache, const KvLayout& kv,
+void kv_store(const float* src, int64_t lds, int64_t rows, int64_t width, void* cache, const KvLayout& kv,
               const int32_t* seqs, const int32_t* pos, void* stream) {
   static const char* fn = "kv_store";
   const int64_t max_ctx = kv.max_ctx;
@@ -691,11 +703,25 @@ void kv_store(const float* src, int64_t lds, int64_t rows, int64_t width, float*
                 "a block table of " + num(kv.blocks_per_seq) + " blocks of " + num(kv.block_tokens) +
                     " positions does not cover the context " + num(max_ctx));
   DENSE_REQUIRE(lds >= width, fn, "row stride " + num(lds) + " below the width " + num(width));
+  DENSE_REQUIRE(kv.dtype >= 0 && kv.dtype <= 2, fn, "cache dtype " + num(kv.dtype) + " (0 f32, 1 f16, 2 bf16)");
   if (rows == 0) return;
   DENSE_REQUIRE(src && cache && seqs && pos, fn, "null device pointer");
-  kv_store_kernel<<<row_blocks(rows), width >= 256 ? 256 : 64, 0, as_stream(stream)>>>(src, lds, rows, width, cache,
-                                                                                         kv, seqs, pos);
+  const int blocks = row_blocks(rows), threads = width >= 256 ? 256 : 64;
+  cudaStream_t s = as_stream(stream);
+  if (kv.dtype == 0) kv_store_kernel<0><<<blocks, threads, 0, s>>>(src, lds, rows, width, cache, kv, seqs, pos);
+  else if (kv.dtype == 1) kv_store_kernel<1><<<blocks, threads, 0, s>>>(src, lds, rows, width, cache, kv, seqs, pos);
+  else kv_store_kernel<2><<<blocks, threads, 0, s>>>(src, lds, rows, width, cache, kv, seqs, pos);
   COLIBRI_CUDA_LAUNCH_CHECK("kv_store_kernel");
+}
+
+template <int DTYPE>
+void launch_attention(const AttentionArgs& a, int64_t d, int blocks, int threads, cudaStream_t s) {
+  if (d <= 64) attention_kernel<2, 2, DTYPE><<<blocks, threads, 0, s>>>(a);
+  else if (d <= 128) attention_kernel<4, 2, DTYPE><<<blocks, threads, 0, s>>>(a);
+  else if (d <= 256) attention_kernel<8, 2, DTYPE><<<blocks, threads, 0, s>>>(a);
+  else if (d <= 512) attention_kernel<16, 1, DTYPE><<<blocks, threads, 0, s>>>(a);
+  else if (d <= 768) attention_kernel<24, 1, DTYPE><<<blocks, threads, 0, s>>>(a);
+  else attention_kernel<32, 1, DTYPE><<<blocks, threads, 0, s>>>(a);
 }
 
 void attention(const AttentionArgs& a, void* stream) {
@@ -705,6 +731,7 @@ void attention(const AttentionArgs& a, void* stream) {
   DENSE_REQUIRE(a.dk >= 1 && a.dk <= kAttnMaxDim && a.dv >= 1 && a.dv <= kAttnMaxDim, fn,
                 "head dims " + num(a.dk) + ", " + num(a.dv) + " (1 to 1024 each)");
   DENSE_REQUIRE(a.max_ctx >= 1 && a.window >= 0, fn, "context " + num(a.max_ctx) + ", window " + num(a.window));
+  DENSE_REQUIRE(a.kv_dtype >= 0 && a.kv_dtype <= 2, fn, "cache dtype " + num(a.kv_dtype) + " (0 f32, 1 f16, 2 bf16)");
   DENSE_REQUIRE(!a.blocks || (a.block_tokens >= 1 && a.blocks_per_seq * a.block_tokens >= a.max_ctx), fn,
                 "a block table of " + num(a.blocks_per_seq) + " blocks of " + num(a.block_tokens) +
                     " positions does not cover the context " + num(a.max_ctx));
@@ -725,12 +752,9 @@ void attention(const AttentionArgs& a, void* stream) {
   const int blocks = row_blocks(pairs), threads = warps * 32;
   cudaStream_t s = as_stream(stream);
   const int64_t d = a.dk > a.dv ? a.dk : a.dv;
-  if (d <= 64) attention_kernel<2, 2><<<blocks, threads, 0, s>>>(a);
-  else if (d <= 128) attention_kernel<4, 2><<<blocks, threads, 0, s>>>(a);
-  else if (d <= 256) attention_kernel<8, 2><<<blocks, threads, 0, s>>>(a);
-  else if (d <= 512) attention_kernel<16, 1><<<blocks, threads, 0, s>>>(a);
-  else if (d <= 768) attention_kernel<24, 1><<<blocks, threads, 0, s>>>(a);
-  else attention_kernel<32, 1><<<blocks, threads, 0, s>>>(a);
+  if (a.kv_dtype == 0) launch_attention<0>(a, d, blocks, threads, s);
+  else if (a.kv_dtype == 1) launch_attention<1>(a, d, blocks, threads, s);
+  else launch_attention<2>(a, d, blocks, threads, s);
   COLIBRI_CUDA_LAUNCH_CHECK("attention_kernel");
 }
 

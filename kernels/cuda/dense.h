@@ -42,8 +42,8 @@ void rope(float* x, int64_t rows, int64_t ldx, int64_t heads, int64_t head_strid
 // caller validates them: the table's size is not known here).
 void embed(const void* table, int dtype, const int32_t* tokens, int64_t rows, int64_t hidden, float* out, void* stream);
 
-// Where position t of sequence (slot) s lives in a layer's cache of `width`-float
-// rows: without a block table the cache holds [max_seqs][max_ctx] rows, row
+// Where position t of sequence (slot) s lives in a layer's cache of `width`-value
+// rows (values of `dtype`: f32 (0), f16 (1) or bf16 (2), as embed's tables): without a block table the cache holds [max_seqs][max_ctx] rows, row
 // s * max_ctx + t; with one (a paged cache, coordinator/kv_cache.h: blocks of
 // block_tokens rows, blocks [max_seqs][blocks_per_seq] block ids on the
 // device), row blocks[s * blocks_per_seq + t / block_tokens] * block_tokens +
@@ -52,13 +52,14 @@ struct KvLayout {
   int64_t max_ctx = 0;
   const int32_t* blocks = nullptr;
   int64_t blocks_per_seq = 0, block_tokens = 0;
+  int dtype = 0;  // f16 and bf16 values are rounded to nearest even when stored, widened exactly when read
 };
 
 // Writes rows of keys (or values) into one layer's cache; row r goes to
 // (seqs[r], pos[r]). A row with a negative sequence or a position outside
 // [0, max_ctx) is skipped (the caller validates them; sequences must be below
 // max_seqs, their blocks allocated).
-void kv_store(const float* src, int64_t lds, int64_t rows, int64_t width, float* cache, const KvLayout& kv,
+void kv_store(const float* src, int64_t lds, int64_t rows, int64_t width, void* cache, const KvLayout& kv,
               const int32_t* seqs, const int32_t* pos, void* stream);
 
 // Attention of each (row, head) over positions [start, pos[row]] of its
@@ -75,12 +76,13 @@ void kv_store(const float* src, int64_t lds, int64_t rows, int64_t width, float*
 struct AttentionArgs {
   const float* q = nullptr;  // head h of row r at q + r * ldq + h * q_head_stride, dk floats
   int64_t ldq = 0, q_head_stride = 0;
-  const float* k = nullptr;  // this layer's cache: position t of sequence s at k + row(s, t) * k_stride (KvLayout)
-  const float* v = nullptr;  // likewise with v_stride
+  const void* k = nullptr;  // this layer's cache: position t of sequence s at k + row(s, t) * k_stride (KvLayout)
+  const void* v = nullptr;  // likewise with v_stride (strides and offsets count values, not bytes)
+  int kv_dtype = 0;         // the cache's values: f32 (0), f16 (1) or bf16 (2) (KvLayout::dtype)
   int64_t k_stride = 0, v_stride = 0, max_ctx = 0;
   const int32_t* blocks = nullptr;               // the block table, or null (KvLayout)
   int64_t blocks_per_seq = 0, block_tokens = 0;
-  int64_t k_head_offset = 0, v_head_offset = 0;  // floats between consecutive kv heads' vectors in a row
+  int64_t k_head_offset = 0, v_head_offset = 0;  // values between consecutive kv heads' vectors in a row
   int64_t heads = 0, group = 1;                   // kv head of head h: h / group
   int64_t dk = 0, dv = 0;                         // at most 1024 each
   const int32_t* seqs = nullptr;
