@@ -3,9 +3,9 @@
 # usage: scripts/sanitize.sh [asan|tsan|all]          (default: asan)
 #
 #   asan  Clang, -fsanitize=address,undefined -fno-sanitize-recover=all
-#         -D_GLIBCXX_ASSERTIONS, into build-asan/ (with the libFuzzer targets,
-#         which scripts/fuzz.sh can run from there): every GoogleTest test, the
-#         fuzz corpora, the C API test, the command-line tests,
+#         -D_GLIBCXX_ASSERTIONS, into build-asan/ (configured with the libFuzzer
+#         targets, which `COLIBRI_FUZZ_BUILD_DIR=build-asan scripts/fuzz.sh`
+#         builds and runs there): every GoogleTest test, the C API test, the command-line tests,
 #         the MPI exchange tests (1-4 ranks, default transport and UCX), the lost
 #         worker and signal tests, and the cluster parity script in handful mode (the in-process
 #         parity matrix runs among the GoogleTest tests), with
@@ -184,8 +184,9 @@ finish_stage() {
 # Clang (the TSan stage's, and the fuzzers'): at -O0 it builds this tree ~2.5x
 # faster than GCC did (the whole instrumented build, fuzz targets included, in
 # about half the CPU time of GCC's ASan build and the separate fuzz build; docs/ci.md),
-# and one build then serves the tests and the fuzzers (-DCOLIBRI_FUZZ=ON: the
-# parsers again with coverage instrumentation, tests/fuzz/CMakeLists.txt).
+# and one build folder then serves the tests and the fuzzers (-DCOLIBRI_FUZZ=ON:
+# the parsers again with coverage instrumentation at -O1, built on request by
+# scripts/fuzz.sh, tests/fuzz/CMakeLists.txt).
 # -O0 -g1: the build is most of this stage's time on 2 cores; the kernels keep
 # their own -O3. -g1 gives file:line in every stack.
 # Clang's "undefined" includes float-cast-overflow (a NaN or out-of-range float

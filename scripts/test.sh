@@ -118,17 +118,25 @@ if [ "$quick" -eq 0 ]; then
   bg_wait "the sanitizer build ($sanitize)"
   stage_end "CTest suite passed (and the sanitizer build, in the background)"
   stage_start
-  # The fuzz targets: the ASan build has them (scripts/sanitize.sh builds it with
-  # -DCOLIBRI_FUZZ=ON), and they run beside the sanitizer tests, which leave a core
-  # idle while they wait on the processes they start; with tsan alone,
-  # scripts/fuzz.sh builds its own meanwhile and they run after.
+  # The fuzz targets are built in the ASan build's folder (scripts/sanitize.sh
+  # configures it with -DCOLIBRI_FUZZ=ON; they are not part of its `all`) and
+  # run, all beside the sanitizer tests, which leave a core idle while they wait
+  # on the processes they start; with tsan alone, scripts/fuzz.sh builds its own
+  # meanwhile and they run after.
   fuzz_log="$(mktemp)"
   # fuzz_run [VAR=VALUE...]: the fuzz run with that environment (one target at a time unless told).
   fuzz_run() { env COLIBRI_FUZZ_STEP=run COLIBRI_FUZZ_JOBS="${COLIBRI_FUZZ_JOBS:-1}" "$@" bash "$root/scripts/fuzz.sh" "$fuzz_seconds"; }
   fuzz_beside=0
   if [ "$fuzz_seconds" -ge 0 ]; then
     case "$sanitize" in
-      asan | all) fuzz_beside=1; bg_start fuzz_run COLIBRI_FUZZ_BUILD_DIR="${COLIBRI_ASAN_BUILD_DIR:-$root/build-asan}" ;;
+      asan | all)
+        fuzz_beside=1
+        fuzz_dir="${COLIBRI_ASAN_BUILD_DIR:-$root/build-asan}"
+        fuzz_build_run() {
+          nice -n 19 env COLIBRI_FUZZ_BUILD_DIR="$fuzz_dir" COLIBRI_FUZZ_STEP=build bash "$root/scripts/fuzz.sh" &&
+            fuzz_run COLIBRI_FUZZ_BUILD_DIR="$fuzz_dir"
+        }
+        bg_start fuzz_build_run ;;
       *) bg_start nice -n 19 env COLIBRI_FUZZ_STEP=build bash "$root/scripts/fuzz.sh" ;;
     esac
   fi
@@ -136,7 +144,7 @@ if [ "$quick" -eq 0 ]; then
   count_ctest
   if [ "$fuzz_seconds" -ge 0 ]; then
     if [ "$fuzz_beside" -eq 1 ]; then
-      bg_wait "fuzzing"
+      bg_wait "the fuzz build or fuzzing"
       cp "$bg_log" "$fuzz_log"
       grep '^fuzz: ' "$fuzz_log" || true
       passed=$((passed + $(grep -c '^fuzz: .* ok' "$fuzz_log" || true)))
