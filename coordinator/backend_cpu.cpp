@@ -311,9 +311,16 @@ class CpuBackend final : public DenseBackend {
     const float* qr = lq + R;
     // A 16-bit cache's rows are widened here (exactly), then used as f32 rows are.
     float* tmp = krow_.empty() ? nullptr : krow_.data() + static_cast<size_t>(omp_get_thread_num()) * p_.kv_width;
+    const DType dt = kv_->dtype();
+    auto row_at = [&](int64_t t) -> const float* {
+      const void* r = kv_->k_row(layer, s, t);
+      if (dt == DType::F32) return static_cast<const float*>(r);
+      kt.widen16(static_cast<const uint16_t*>(r), dt, p_.kv_width, tmp);
+      return tmp;
+    };
     float mx = -INFINITY;
     for (int64_t t = start; t <= p; ++t) {
-      const float* row = kv_->k_row(layer, s, t, tmp);
+      const float* row = row_at(t);
       float v = (kt.dot(lq, row, R) + kt.dot(qr, row + R, rd)) * a.scale;
       sc[t - start] = v;
       mx = std::max(mx, v);
@@ -322,7 +329,7 @@ class CpuBackend final : public DenseBackend {
     for (int64_t t = 0; t <= p - start; ++t) sum += (sc[t] = std::exp(sc[t] - mx));
     const float inv = 1.0f / sum;
     std::memset(o, 0, static_cast<size_t>(R) * sizeof(float));
-    for (int64_t t = start; t <= p; ++t) kt.axpy(o, sc[t - start] * inv, kv_->k_row(layer, s, t, tmp), R);
+    for (int64_t t = start; t <= p; ++t) kt.axpy(o, sc[t - start] * inv, row_at(t), R);
   }
 
   std::shared_ptr<const ColibriFile> file_;

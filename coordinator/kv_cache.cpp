@@ -7,7 +7,6 @@
 #include <new>
 #include <string>
 
-#include "kernels/cpu/kernels.h"
 #include "model/error.h"
 
 namespace colibri {
@@ -93,13 +92,6 @@ void KVCache::store(int64_t layer, int64_t slot, int64_t pos, const float* k, co
     uint16_t* v16 = reinterpret_cast<uint16_t*>(vd);
     for (int64_t i = 0; i < vw_; ++i) v16[i] = cvt(v[i]);
   }
-}
-
-const float* KVCache::k_row(int64_t layer, int64_t slot, int64_t pos, float* tmp) const {
-  const uint8_t* src = k_.get() + index(layer, row(slot, pos), kw_);
-  if (dtype_ == DType::F32) return reinterpret_cast<const float*>(src);
-  kernels::to_f32(src, dtype_, kw_, tmp);
-  return tmp;
 }
 
 }  // namespace colibri

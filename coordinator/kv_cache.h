@@ -71,9 +71,10 @@ class KVCache {
   // Writes the rows of (slot, pos) in `layer`: k_width values of k, and v_width of
   // v unless v is null.
   void store(int64_t layer, int64_t slot, int64_t pos, const float* k, const float* v);
-  // Position pos's key row as f32: the row itself (F32), or widened into `tmp`
-  // (k_width floats).
-  const float* k_row(int64_t layer, int64_t slot, int64_t pos, float* tmp) const;
+  // Position pos's key row as stored (k_width values of dtype()).
+  const void* k_row(int64_t layer, int64_t slot, int64_t pos) const {
+    return k_.get() + index(layer, row(slot, pos), kw_);
+  }
   // Row 0 of a layer's keys / values (KernelTable::attend's base with a table):
   // floats for F32, uint16_t for BF16 / F16.
   const void* k_layer(int64_t layer) const { return k_.get() + index(layer, 0, kw_); }

@@ -67,8 +67,8 @@ constexpr int64_t kMaxPositions = 1 << 24;  // tokens per sequence, context, top
 constexpr int64_t kMaxChunk = 65536;      // --prefill-chunk, --batch
 constexpr double kMinCommTimeout = 0.1, kMaxCommTimeout = 86400;  // --comm-timeout, seconds
 
-// The KV cache's options (generate, run, batch, bench): --kv-dtype, --kv-block
-// and, with `with_mb`, --kv-cache-mb (its default text says what 0 means).
+// The KV cache's options of generate, run and batch: --kv-dtype, --kv-block and
+// --kv-cache-mb (`mb_zero_means`: what 0 means). bench takes --kv-dtype alone.
 inline void add_kv_options(cxxopts::Options& o, const char* mb_zero_means) {
   o.add_options()("kv-dtype", "KV cache storage: f32, bf16 or f16 (half the memory; keys and values rounded)",
                   cxxopts::value<std::string>()->default_value("f32"))(

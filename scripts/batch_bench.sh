@@ -45,12 +45,14 @@ run() {  # run WORLD MAX_RUNNING: prints "world W max-running M: S s, T tok/s"
   local cmd=("$BIN" batch --model "$MODEL" --input "$OUT/requests.jsonl" --output "$res" --max-running "$m"
     --max-step-tokens 512 --max-context 1280 --log-level warn)
   t0=$(date +%s.%N)
+  local rc=0
   if [ "$w" -eq 1 ]; then
-    "${cmd[@]}" --threads "$THREADS" >"$OUT/log-w$w-m$m.txt" 2>&1
+    "${cmd[@]}" --threads "$THREADS" >"$OUT/log-w$w-m$m.txt" 2>&1 || rc=$?
   else
-    mpirun --oversubscribe --bind-to none -np "$w" "${cmd[@]}" >"$OUT/log-w$w-m$m.txt" 2>&1
+    mpirun --oversubscribe --bind-to none -np "$w" "${cmd[@]}" >"$OUT/log-w$w-m$m.txt" 2>&1 || rc=$?
   fi
   t1=$(date +%s.%N)
+  if [ "$rc" -ne 0 ]; then echo "world $w max-running $m: colibri batch failed (exit $rc, $OUT/log-w$w-m$m.txt)" >&2; return 1; fi
   python3 - "$res" "$t0" "$t1" "$w" "$m" <<'EOF'
 import json, sys
 res, t0, t1, w, m = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
@@ -67,8 +69,10 @@ EOF
 }
 
 for w in $WORLDS; do
-  a=$(run "$w" 1); echo "$a"
-  b=$(run "$w" "$R"); echo "$b"
+  a=$(run "$w" 1) || exit 1
+  echo "$a"
+  b=$(run "$w" "$R") || exit 1
+  echo "$b"
   python3 - "$a" "$b" <<'EOF'
 import sys
 ra = float(sys.argv[1].split(", ")[2].split()[0]); rb = float(sys.argv[2].split(", ")[2].split()[0])

@@ -99,7 +99,15 @@ bg_wait() {  # $1: what; fails the run when the step failed
   if [ "$rc" -ne 0 ]; then cat "$bg_log"; echo "test.sh: $1 failed (exit $rc)"; exit 1; fi
   tail -3 "$bg_log"
 }
-trap 'rm -f "$log" "$times_file" "$bg_log"; [ -z "$bg_pid" ] || kill "$bg_pid" 2>/dev/null' EXIT
+# kill_tree PID: the process and everything it started (a failed stage leaves no
+# background build or fuzzer running).
+kill_tree() {
+  local c
+  for c in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$c"; done
+  kill "$1" 2>/dev/null || true
+}
+fuzz_log=""
+trap 'rm -f "$log" "$times_file" "$bg_log" ${fuzz_log:+"$fuzz_log"}; [ -z "$bg_pid" ] || kill_tree "$bg_pid"' EXIT
 # Tests at once: one more than the cores (many tests mostly wait on the processes
 # they start); CTest runs RUN_SERIAL tests (signals) alone.
 test_jobs=$(( $(nproc) + 1 ))
@@ -121,8 +129,9 @@ if [ "$quick" -eq 0 ]; then
   # The fuzz targets are built in the ASan build's folder (scripts/sanitize.sh
   # configures it with -DCOLIBRI_FUZZ=ON; they are not part of its `all`) and
   # run, all beside the sanitizer tests, which leave a core idle while they wait
-  # on the processes they start; with tsan alone, scripts/fuzz.sh builds its own
-  # meanwhile and they run after.
+  # on the processes they start (at the same priority: at nice 19 the build
+  # waited for the tests and the fuzzing ran after them, 40 s longer); with tsan
+  # alone, scripts/fuzz.sh builds its own meanwhile and they run after.
   fuzz_log="$(mktemp)"
   # fuzz_run [VAR=VALUE...]: the fuzz run with that environment (one target at a time unless told).
   fuzz_run() { env COLIBRI_FUZZ_STEP=run COLIBRI_FUZZ_JOBS="${COLIBRI_FUZZ_JOBS:-1}" "$@" bash "$root/scripts/fuzz.sh" "$fuzz_seconds"; }
@@ -133,7 +142,7 @@ if [ "$quick" -eq 0 ]; then
         fuzz_beside=1
         fuzz_dir="${COLIBRI_ASAN_BUILD_DIR:-$root/build-asan}"
         fuzz_build_run() {
-          nice -n 19 env COLIBRI_FUZZ_BUILD_DIR="$fuzz_dir" COLIBRI_FUZZ_STEP=build bash "$root/scripts/fuzz.sh" &&
+          env COLIBRI_FUZZ_BUILD_DIR="$fuzz_dir" COLIBRI_FUZZ_STEP=build bash "$root/scripts/fuzz.sh" &&
             fuzz_run COLIBRI_FUZZ_BUILD_DIR="$fuzz_dir"
         }
         bg_start fuzz_build_run ;;

@@ -275,6 +275,38 @@ TEST(Kernels, AttendOverABlockTableEqualsContiguousBitwise) {
   }
 }
 
+// widen16 gives to_f32's values, bitwise, for every 16-bit pattern but NaNs (a NaN
+// stays a NaN), at every length (vector body and tail).
+TEST(Kernels, Widen16IsToF32Bitwise) {
+  uint64_t seed = test::test_seed();
+  COLIBRI_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (const KernelTable* kt : tables()) {
+    SCOPED_TRACE(kt->name);
+    for (DType t : {DType::BF16, DType::F16}) {
+      std::vector<uint16_t> all(65536);
+      for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+      std::vector<float> want(all.size()), got(all.size(), -1.0f);
+      kernels::to_f32(all.data(), t, static_cast<int64_t>(all.size()), want.data());
+      kt->widen16(all.data(), t, static_cast<int64_t>(all.size()), got.data());
+      for (size_t i = 0; i < all.size(); ++i) {
+        if (std::isnan(want[i])) {
+          ASSERT_TRUE(std::isnan(got[i])) << dtype_name(t) << " pattern " << i;
+        } else {
+          ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << dtype_name(t) << " pattern " << i;
+        }
+      }
+      for (int trial = 0; trial < 20; ++trial) {  // short lengths and offsets: the tail
+        const int64_t n = 1 + static_cast<int64_t>(rng() % 40), off = static_cast<int64_t>(rng() % 1000);
+        std::vector<float> a(static_cast<size_t>(n) + 1, -7.0f), b(a);
+        kernels::to_f32(all.data() + 30000 + off, t, n, a.data());
+        kt->widen16(all.data() + 30000 + off, t, n, b.data());
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "n " << n;  // and nothing past n written
+      }
+    }
+  }
+}
+
 // attend16 over a bf16 or f16 cache (paged, from any first position) is bitwise
 // attend over the same cache widened to f32: the 16-bit KV cache changes what is
 // stored, never the arithmetic.

@@ -45,6 +45,8 @@ struct KernelTable {
   void (*attend16)(const float* q, int64_t d, const uint16_t* k, const uint16_t* v, int64_t stride, DType t,
                    const int32_t* blocks, int64_t block_rows, int64_t first, int64_t n, float scale, const float* sink,
                    float* scores, float* out);
+  // n bf16 or f16 values (`t`) to f32, exactly (what to_f32 gives, vectorised).
+  void (*widen16)(const uint16_t* src, DType t, int64_t n, float* dst);
 };
 
 // The widest head attend16 takes (the latent attention of DeepSeek-V3 reads 576).

@@ -474,8 +474,18 @@ void attend(const float* q, int64_t d, const float* k, const float* v, int64_t s
   for (int64_t t2 = 0; t2 < n; ++t2, vr.next()) axpy(out, scores[t2] * inv, v + vr.row() * stride, d);
 }
 
+// n 16-bit values to f32: exact conversions (a shift for bf16, F16C's for f16),
+// so the same values as to_f32's.
+void widen16(const uint16_t* src, DType t, int64_t n, float* dst) {
+  int64_t i = 0;
+#if COLIBRI_SIMD
+  for (; i + kLanes <= n; i += kLanes) vstore(dst + i, vload(src + i, t));
+#endif
+  if (i < n) to_f32(src + i, t, n - i, dst + i);
+}
+
 // NOTE: the same operations as attend, in the same order, on each row widened
-// into a buffer (kernels::to_f32: exact), so that the two agree bitwise.
+// into a buffer (exactly), so that the two agree bitwise.
 void attend16(const float* q, int64_t d, const uint16_t* k, const uint16_t* v, int64_t stride, DType type,
               const int32_t* blocks, int64_t block_rows, int64_t first, int64_t n, float scale, const float* sink,
               float* scores, float* out) {
@@ -483,7 +493,7 @@ void attend16(const float* q, int64_t d, const uint16_t* k, const uint16_t* v, i
   float mx = -INFINITY;
   CacheRows kr(blocks, block_rows, first);
   for (int64_t t = 0; t < n; ++t, kr.next()) {
-    to_f32(k + kr.row() * stride, type, d, row);
+    widen16(k + kr.row() * stride, type, d, row);
     const float s = dot(q, row, d) * scale;
     scores[t] = s;
     mx = std::max(mx, s);
@@ -492,7 +502,7 @@ void attend16(const float* q, int64_t d, const uint16_t* k, const uint16_t* v, i
   std::memset(out, 0, static_cast<size_t>(d) * sizeof(float));
   CacheRows vr(blocks, block_rows, first);
   for (int64_t t2 = 0; t2 < n; ++t2, vr.next()) {
-    to_f32(v + vr.row() * stride, type, d, row);
+    widen16(v + vr.row() * stride, type, d, row);
     axpy(out, scores[t2] * inv, row, d);
   }
 }
@@ -501,7 +511,7 @@ void attend16(const float* q, int64_t d, const uint16_t* k, const uint16_t* v, i
 
 const KernelTable& table() {
   static const KernelTable t = {COLIBRI_SIMD == 16 ? "avx512" : COLIBRI_SIMD == 8 ? "avx2" : "generic",
-                                gemm, dot, rmsnorm, silu_mul, axpy, rope, attend, attend16};
+                                gemm, dot, rmsnorm, silu_mul, axpy, rope, attend, attend16, widen16};
   return t;
 }
 

@@ -20,13 +20,13 @@ inline float __half2float(__half h) {
   return sign ? -v : v;
 }
 // Round to nearest even, as the GPU's cvt.rn.f16.f32 (overflow to infinity,
-// subnormals kept, NaN stays NaN).
+// subnormals kept, every NaN the canonical 0x7fff).
 inline __half __float2half_rn(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return __half{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
+  if (a > 0x7f800000u) return __half{0x7fff};  // NaN
   if (a >= 0x477ff000u) return __half{static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to >= 65520: infinity
   if (a < 0x38800000u) {  // below the smallest normal half (2^-14): a subnormal or zero
     if (a < 0x33000000u) return __half{sign};  // below half the smallest subnormal (2^-25): zero
