@@ -126,46 +126,28 @@ if [ "$quick" -eq 0 ]; then
   bg_wait "the sanitizer build ($sanitize)"
   stage_end "CTest suite passed (and the sanitizer build, in the background)"
   stage_start
-  # The fuzz targets are built in the ASan build's folder (scripts/sanitize.sh
-  # configures it with -DCOLIBRI_FUZZ=ON; they are not part of its `all`) and
-  # run, all beside the sanitizer tests, which leave a core idle while they wait
-  # on the processes they start (at the same priority: at nice 19 the build
-  # waited for the tests and the fuzzing ran after them, 40 s longer); with tsan
-  # alone, scripts/fuzz.sh builds its own meanwhile and they run after.
+  # The fuzz targets: built at nice 19 beside the sanitizer tests (which leave a
+  # core idle while they wait on the processes they start), in the ASan build's
+  # folder (scripts/sanitize.sh configures it with -DCOLIBRI_FUZZ=ON; they are not
+  # part of its `all`), or with tsan alone in scripts/fuzz.sh's own; then run after
+  # the tests, two at a time. (Run beside the tests as well, they ran 5-10x fewer
+  # inputs and the stage took longer: docs/ci.md.)
   fuzz_log="$(mktemp)"
-  # fuzz_run [VAR=VALUE...]: the fuzz run with that environment (one target at a time unless told).
-  fuzz_run() { env COLIBRI_FUZZ_STEP=run COLIBRI_FUZZ_JOBS="${COLIBRI_FUZZ_JOBS:-1}" "$@" bash "$root/scripts/fuzz.sh" "$fuzz_seconds"; }
-  fuzz_beside=0
-  if [ "$fuzz_seconds" -ge 0 ]; then
-    case "$sanitize" in
-      asan | all)
-        fuzz_beside=1
-        fuzz_dir="${COLIBRI_ASAN_BUILD_DIR:-$root/build-asan}"
-        fuzz_build_run() {
-          env COLIBRI_FUZZ_BUILD_DIR="$fuzz_dir" COLIBRI_FUZZ_STEP=build bash "$root/scripts/fuzz.sh" &&
-            fuzz_run COLIBRI_FUZZ_BUILD_DIR="$fuzz_dir"
-        }
-        bg_start fuzz_build_run ;;
-      *) bg_start nice -n 19 env COLIBRI_FUZZ_STEP=build bash "$root/scripts/fuzz.sh" ;;
-    esac
-  fi
+  fuzz_env=()
+  case "$sanitize" in
+    asan | all) fuzz_env=(COLIBRI_FUZZ_BUILD_DIR="${COLIBRI_ASAN_BUILD_DIR:-$root/build-asan}") ;;
+  esac
+  [ "$fuzz_seconds" -ge 0 ] && bg_start nice -n 19 env "${fuzz_env[@]}" COLIBRI_FUZZ_STEP=build bash "$root/scripts/fuzz.sh"
   COLIBRI_SANITIZE_STEP=test bash "$root/scripts/sanitize.sh" "$sanitize" 2>&1 | tee "$log"
   count_ctest
   if [ "$fuzz_seconds" -ge 0 ]; then
-    if [ "$fuzz_beside" -eq 1 ]; then
-      bg_wait "the fuzz build or fuzzing"
-      cp "$bg_log" "$fuzz_log"
-      grep '^fuzz: ' "$fuzz_log" || true
-      passed=$((passed + $(grep -c '^fuzz: .* ok' "$fuzz_log" || true)))
-      stage_end "sanitizer stage ($sanitize) and fuzzing passed"
-    else
-      bg_wait "the fuzz build"
-      stage_end "sanitizer stage ($sanitize) passed"
-      stage_start
-      fuzz_run COLIBRI_FUZZ_JOBS="${COLIBRI_FUZZ_JOBS:-$(nproc)}" 2>&1 | tee "$fuzz_log"
-      passed=$((passed + $(grep -c '^fuzz: .* ok' "$fuzz_log" || true)))
-      stage_end "fuzzing passed"
-    fi
+    bg_wait "the fuzz build"
+    stage_end "sanitizer stage ($sanitize) passed (and the fuzz build, in the background)"
+    stage_start
+    env "${fuzz_env[@]}" COLIBRI_FUZZ_STEP=run COLIBRI_FUZZ_JOBS="${COLIBRI_FUZZ_JOBS:-$(nproc)}" \
+      bash "$root/scripts/fuzz.sh" "$fuzz_seconds" 2>&1 | tee "$fuzz_log"
+    passed=$((passed + $(grep -c '^fuzz: .* ok' "$fuzz_log" || true)))
+    stage_end "fuzzing passed"
   else
     stage_end "sanitizer stage ($sanitize) passed"
   fi
