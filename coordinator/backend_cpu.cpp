@@ -188,18 +188,18 @@ class CpuBackend final : public DenseBackend {
       float* o = a.out + i * a.ldo + h * a.o_head_stride;
       if (a.latent) {
         attend_latent(layer, s, start, p, q, a, sc, o);
-      } else if (kv_->dtype() == DType::F32) {
-        const int64_t kvh = h / a.group;
-        kt_->attend(q, a.dk, static_cast<const float*>(kv_->k_layer(layer)) + kvh * a.dk,
-                    static_cast<const float*>(kv_->v_layer(layer)) + kvh * a.dv, p_.kv_width,
-                    o_.kv_pool->table(static_cast<int>(s)), o_.kv_pool->block_tokens(), start, p - start + 1, a.scale,
-                    sinks ? sinks + h : nullptr, sc, o);
       } else {
-        const int64_t kvh = h / a.group;
-        kt_->attend16(q, a.dk, static_cast<const uint16_t*>(kv_->k_layer(layer)) + kvh * a.dk,
-                      static_cast<const uint16_t*>(kv_->v_layer(layer)) + kvh * a.dv, p_.kv_width, kv_->dtype(),
-                      o_.kv_pool->table(static_cast<int>(s)), o_.kv_pool->block_tokens(), start, p - start + 1,
-                      a.scale, sinks ? sinks + h : nullptr, sc, o);
+        const int64_t kvh = h / a.group, n_pos = p - start + 1, bt = o_.kv_pool->block_tokens();
+        const int32_t* table = o_.kv_pool->table(static_cast<int>(s));
+        const float* sink = sinks ? sinks + h : nullptr;
+        if (kv_->dtype() == DType::F32)
+          kt_->attend(q, a.dk, static_cast<const float*>(kv_->k_layer(layer)) + kvh * a.dk,
+                      static_cast<const float*>(kv_->v_layer(layer)) + kvh * a.dv, p_.kv_width, table, bt, start,
+                      n_pos, a.scale, sink, sc, o);
+        else
+          kt_->attend16(q, a.dk, static_cast<const uint16_t*>(kv_->k_layer(layer)) + kvh * a.dk,
+                        static_cast<const uint16_t*>(kv_->v_layer(layer)) + kvh * a.dv, p_.kv_width, kv_->dtype(),
+                        table, bt, start, n_pos, a.scale, sink, sc, o);
       }
     }
   }

@@ -145,7 +145,7 @@ class CudaBackend final : public DenseBackend {
     kv_rows_ = o.kv_pool->num_blocks() * o.kv_pool->block_tokens();
     table_ints_ = o.kv_pool->max_slots() * o.kv_pool->blocks_per_slot();
     kv_es_ = KVCache::element_bytes(o.kv_dtype);
-    kv_code_ = o.kv_dtype == DType::F32 ? 0 : o.kv_dtype == DType::F16 ? 1 : 2;  // cuda::KvLayout::dtype
+    kv_code_ = static_cast<int>(o.kv_dtype);  // cuda::KvLayout::dtype, as embed's table dtype
     kv_bytes_ = static_cast<uint64_t>(p_.layers) * kv_rows_ * (KW + VW) * kv_es_;
     const int64_t XB = std::max({H, Q, ATT, QR, LQ});
     act_bytes_ = static_cast<uint64_t>(R) * 4 * (6 * H + Q + 2 * KW + ATT + QR + QCAT + LQ + E + 2 * K + V + 4) +

@@ -105,7 +105,7 @@ Engine::Engine(std::shared_ptr<const ColibriFile> file, const EngineOptions& opt
       throw Error(Status::InvalidArgument, "--kv-block " + std::to_string(opts.kv_block_tokens) + " must be 1..4096 positions");
     if (opts.kv_cache_mb < 0) throw Error(Status::InvalidArgument, "--kv-cache-mb must be >= 0");
     const int64_t bt = opts.kv_block_tokens, per_slot = (max_ctx_ + bt - 1) / bt;
-    if (opts.kv_dtype != DType::F32 && opts.kv_dtype != DType::BF16 && opts.kv_dtype != DType::F16)
+    if (!KVCache::storable(opts.kv_dtype))
       throw Error(Status::InvalidArgument, std::string("--kv-dtype ") + dtype_name(opts.kv_dtype) + ": f32, bf16 or f16");
     if (opts.kv_dtype != DType::F32 && plan_.kv_lora_rank == 0 && plan_.head_dim > kernels::kMaxAttendDim)
       throw Error(Status::Unsupported, "--kv-dtype " + std::string(dtype_name(opts.kv_dtype)) + " takes heads of at most " +

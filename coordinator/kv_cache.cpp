@@ -58,7 +58,7 @@ void KvBlockPool::release(int slot) {
 KVCache::KVCache(int64_t layers, const KvBlockPool& pool, int64_t k_width, int64_t v_width, DType dtype)
     : pool_(pool), rows_(pool.num_blocks() * pool.block_tokens()), kw_(k_width), vw_(v_width), dtype_(dtype),
       es_(element_bytes(dtype)) {
-  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
+  if (!storable(dtype))
     throw Error(Status::InvalidArgument, std::string("KV cache dtype ") + dtype_name(dtype) + ": f32, bf16 or f16");
   uint64_t n = 1;
   for (int64_t f : {layers, rows_, k_width + v_width, es_})

@@ -82,6 +82,8 @@ class KVCache {
   uint64_t bytes() const { return bytes_; }
   // Bytes per stored value: 4 (F32) or 2.
   static int64_t element_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
+  // The types a cache can store: F32, BF16, F16.
+  static bool storable(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
  private:
   int64_t row(int64_t slot, int64_t pos) const {

@@ -408,7 +408,7 @@ int cmd_batch_impl(int argc, char** argv) {
   const int64_t max_context_opt =
       option_in_range(r, "max-context", Range<int64_t>{0, kMaxPositions, false, "(0 = the model's, at most 4096)"});
   const int threads_opt = check_option("threads", r["threads"].as<int>(), Range<int>{0, kernels::kMaxThreads, false, "(0 = all cores)"});
-  EngineOptions kv_opts;  // --kv-dtype, --kv-block, --kv-cache-mb, checked before any work
+  EngineOptions kv_opts;  // --kv-dtype, --kv-block, --kv-cache-mb, checked before any work; the rest default
   apply_kv_options(r, kv_opts);
 
   ClusterRuntime rt = open_cluster(r, false);
@@ -483,13 +483,10 @@ int cmd_batch_impl(int argc, char** argv) {
     std::ifstream in(in_path, std::ios::binary);
     if (!in) throw Error(Status::Io, "cannot open --input '" + in_path + "'");
 
-    EngineOptions eo;
+    EngineOptions eo = kv_opts;
     eo.max_batch = max_running;
     eo.prefill_chunk = max_step;
     eo.max_context = cx.max_context;
-    eo.kv_dtype = kv_opts.kv_dtype;
-    eo.kv_block_tokens = kv_opts.kv_block_tokens;
-    eo.kv_cache_mb = kv_opts.kv_cache_mb;
     eo.placement = es.placement;
     eo.store = es.store;
     eo.device = es.dense_device;

@@ -372,13 +372,7 @@ int bench_model_rank(const cxxopts::ParseResult& r, ClusterRuntime& rt, const st
   const int64_t reps = option_or(r, "reps", 3, Range<int64_t>{1, 1000});
   const int64_t warmup = option_or(r, "warmup", 1, Range<int64_t>{0, 1000});
   const int64_t chunk = option_or(r, "prefill-chunk", 256, Range<int64_t>{1, kMaxChunk});
-  DType kv_dtype = DType::F32;
-  if (r.count("kv-dtype")) {
-    const auto dt = dtype_from_name(r["kv-dtype"].as<std::string>());
-    if (!dt || (*dt != DType::F32 && *dt != DType::BF16 && *dt != DType::F16))
-      bad_arg("--kv-dtype '" + r["kv-dtype"].as<std::string>() + "' is not f32, bf16 or f16");
-    kv_dtype = *dt;
-  }
+  const DType kv_dtype = r.count("kv-dtype") ? parse_kv_dtype(r["kv-dtype"].as<std::string>()) : DType::F32;
   const uint64_t seed = r.count("seed") ? r["seed"].as<uint64_t>() : 0;
   const bool as_json = r.count("json") > 0;
   const std::string kn = r.count("kernels") ? r["kernels"].as<std::string>() : "auto";

@@ -121,7 +121,7 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
   const float top_p = option_in_range(r, "top-p", Range<float>{0, 1, true, "(1 = off)"});
   const int64_t prefill_chunk = option_in_range(r, "prefill-chunk", Range<int64_t>{1, kMaxChunk});
   const int64_t max_context = option_in_range(r, "max-context", Range<int64_t>{0, kMaxPositions, false, "(0 = what the prompts need)"});
-  EngineOptions kv_opts;  // --kv-dtype, --kv-block, --kv-cache-mb
+  EngineOptions kv_opts;  // --kv-dtype, --kv-block, --kv-cache-mb, checked before any work; the rest default
   apply_kv_options(r, kv_opts);
   const int threads_opt = check_option("threads", r["threads"].as<int>(), Range<int>{0, kernels::kMaxThreads, false, "(0 = all cores)"});
 
@@ -195,13 +195,10 @@ int run_generation(int argc, char** argv, bool cluster_cmd) {
     if (r.count("record-routing"))
       trace = std::make_unique<RoutingTraceWriter>(r["record-routing"].as<std::string>(), static_cast<int>(cfg.num_moe_layers()),
                                                    static_cast<int>(cfg.num_experts), static_cast<int>(cfg.experts_per_token));
-    EngineOptions eo;
+    EngineOptions eo = kv_opts;
     eo.max_batch = static_cast<int64_t>(reqs.size());
     eo.prefill_chunk = prefill_chunk;
     eo.max_context = max_context;
-    eo.kv_dtype = kv_opts.kv_dtype;
-    eo.kv_block_tokens = kv_opts.kv_block_tokens;
-    eo.kv_cache_mb = kv_opts.kv_cache_mb;
     if (eo.max_context == 0) {
       // NOTE: size the KV cache for this request, not the model's full context.
       int64_t need = 0;

@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "coordinator/kv_cache.h"
 #include "launcher/commands.h"
 #include "model/dtype.h"
 #include "model/error.h"
@@ -76,14 +77,17 @@ inline void add_kv_options(cxxopts::Options& o, const char* mb_zero_means) {
       "kv-cache-mb", std::string("KV cache size in MiB, 0..2^24; 0 = ") + mb_zero_means,
       cxxopts::value<int64_t>()->default_value("0"));
 }
+// The value of --kv-dtype; Error(InvalidArgument) (exit 11) unless f32, bf16 or f16.
+inline DType parse_kv_dtype(const std::string& name) {
+  const auto dt = dtype_from_name(name);
+  if (!dt || !KVCache::storable(*dt))
+    throw Error(Status::InvalidArgument, "--kv-dtype '" + name + "' is not f32, bf16 or f16");
+  return *dt;
+}
 // Checks them (exit 11 naming the option) and sets them in `eo`.
 template <class EngineOptionsT>
 void apply_kv_options(const cxxopts::ParseResult& r, EngineOptionsT& eo) {
-  const std::string name = r["kv-dtype"].as<std::string>();
-  const auto dt = dtype_from_name(name);
-  if (!dt || (*dt != DType::F32 && *dt != DType::BF16 && *dt != DType::F16))
-    throw Error(Status::InvalidArgument, "--kv-dtype '" + name + "' is not f32, bf16 or f16");
-  eo.kv_dtype = *dt;
+  eo.kv_dtype = parse_kv_dtype(r["kv-dtype"].as<std::string>());
   eo.kv_block_tokens = option_in_range(r, "kv-block", Range<int64_t>{1, 4096});
   eo.kv_cache_mb = option_in_range(r, "kv-cache-mb", Range<int64_t>{0, int64_t{1} << 24, false, "(0 = whole contexts)"});
 }

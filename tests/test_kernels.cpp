@@ -231,13 +231,35 @@ TEST(Kernels, AttendMatchesReference) {
   }
 }
 
-// A random injective block table: `nblocks` distinct blocks of a pool of `pool`.
-static std::vector<int32_t> random_block_table(std::mt19937_64& rng, int nblocks, int pool) {
-  std::vector<int32_t> perm(static_cast<size_t>(pool));
-  for (int i = 0; i < pool; ++i) perm[static_cast<size_t>(i)] = i;
-  std::shuffle(perm.begin(), perm.end(), rng);
-  return std::vector<int32_t>(perm.begin(), perm.begin() + nblocks);
-}
+namespace {
+// A random attention case over a paged cache: a query of d values, the keys and
+// values of positions [0, first + n) stored contiguously (rows `stride` apart),
+// and a random injective table of blocks of B positions into a pool of `pool`
+// blocks (`spare` more than needed).
+struct PagedCase {
+  int d, stride, B, first, n, end, pool;
+  std::vector<int32_t> table;
+  std::vector<float> q, k, v;
+  PagedCase(std::mt19937_64& rng, int d_, int max_n, int spare)
+      : d(d_), stride(d_ + static_cast<int>(rng() % 3)), B(1 + static_cast<int>(rng() % 17)),
+        first(static_cast<int>(rng() % 40)), n(1 + static_cast<int>(rng() % static_cast<uint64_t>(max_n))),
+        end(first + n), pool((end + B - 1) / B + spare) {
+    std::vector<int32_t> perm(static_cast<size_t>(pool));
+    for (int i = 0; i < pool; ++i) perm[static_cast<size_t>(i)] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    table.assign(perm.begin(), perm.begin() + (end + B - 1) / B);
+    q = test::random_floats(rng, static_cast<size_t>(d), -2.f, 2.f);
+    k = test::random_floats(rng, static_cast<size_t>(end * stride), -2.f, 2.f);
+    v = test::random_floats(rng, static_cast<size_t>(end * stride), -1.f, 1.f);
+  }
+  // The pool row that holds position p.
+  size_t row(int p) const { return static_cast<size_t>(table[static_cast<size_t>(p / B)] * B + p % B); }
+  std::string what() const {
+    return "d " + std::to_string(d) + " block " + std::to_string(B) + " first " + std::to_string(first) + " n " +
+           std::to_string(n);
+  }
+};
+}  // namespace
 
 // A paged cache (blocks of positions anywhere in the buffer, a block table)
 // gives bitwise the result of the same rows stored contiguously, from any
@@ -249,28 +271,23 @@ TEST(Kernels, AttendOverABlockTableEqualsContiguousBitwise) {
   for (const KernelTable* kt : tables()) {
     SCOPED_TRACE(kt->name);
     for (int trial = 0; trial < 30; ++trial) {
-      const int d = 1 + static_cast<int>(rng() % 100), stride = d + static_cast<int>(rng() % 3);
-      const int B = 1 + static_cast<int>(rng() % 17), first = static_cast<int>(rng() % 40);
-      const int n = 1 + static_cast<int>(rng() % 200), end = first + n;
-      const int nblocks = (end + B - 1) / B, pool = nblocks + 5;
-      const std::vector<int32_t> table = random_block_table(rng, nblocks, pool);
-      auto q = test::random_floats(rng, d, -2.f, 2.f);
-      auto k = test::random_floats(rng, static_cast<size_t>(end * stride), -2.f, 2.f);
-      auto v = test::random_floats(rng, static_cast<size_t>(end * stride), -1.f, 1.f);
-      std::vector<float> kp(static_cast<size_t>(pool * B * stride), NAN), vp(kp.size(), NAN);
-      for (int p = 0; p < end; ++p) {
-        const size_t r = static_cast<size_t>(table[static_cast<size_t>(p / B)] * B + p % B);
-        std::copy_n(k.begin() + p * stride, stride, kp.begin() + static_cast<ptrdiff_t>(r * stride));
-        std::copy_n(v.begin() + p * stride, stride, vp.begin() + static_cast<ptrdiff_t>(r * stride));
+      const PagedCase c(rng, 1 + static_cast<int>(rng() % 100), 200, 5);
+      const int d = c.d, stride = c.stride;
+      std::vector<float> kp(static_cast<size_t>(c.pool * c.B * stride), NAN), vp(kp.size(), NAN);
+      for (int p = 0; p < c.end; ++p) {
+        const ptrdiff_t r = static_cast<ptrdiff_t>(c.row(p) * static_cast<size_t>(stride));
+        std::copy_n(c.k.begin() + p * stride, stride, kp.begin() + r);
+        std::copy_n(c.v.begin() + p * stride, stride, vp.begin() + r);
       }
       const float scale = 0.3f, sink = 0.7f;
       const float* s = trial % 2 ? &sink : nullptr;
-      std::vector<float> sc(static_cast<size_t>(n)), want(static_cast<size_t>(d), NAN), got(static_cast<size_t>(d), NAN);
-      kt->attend(q.data(), d, k.data(), v.data(), stride, nullptr, 0, first, n, scale, s, sc.data(), want.data());
-      kt->attend(q.data(), d, kp.data(), vp.data(), stride, table.data(), B, first, n, scale, s, sc.data(), got.data());
+      std::vector<float> sc(static_cast<size_t>(c.n)), want(static_cast<size_t>(d), NAN), got(want);
+      kt->attend(c.q.data(), d, c.k.data(), c.v.data(), stride, nullptr, 0, c.first, c.n, scale, s, sc.data(),
+                 want.data());
+      kt->attend(c.q.data(), d, kp.data(), vp.data(), stride, c.table.data(), c.B, c.first, c.n, scale, s, sc.data(),
+                 got.data());
       for (int i = 0; i < d; ++i) ASSERT_TRUE(std::isfinite(want[static_cast<size_t>(i)])) << i;
-      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
-          << "d " << d << " block " << B << " first " << first << " n " << n;
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << c.what();
     }
   }
 }
@@ -318,37 +335,30 @@ TEST(Kernels, Attend16IsAttendOverTheWidenedCacheBitwise) {
     SCOPED_TRACE(kt->name);
     for (int trial = 0; trial < 40; ++trial) {
       const DType t = trial % 2 ? DType::BF16 : DType::F16;
-      const int d = 1 + static_cast<int>(rng() % (trial < 4 ? kernels::kMaxAttendDim : 160));
-      const int stride = d + static_cast<int>(rng() % 3);
-      const int B = 1 + static_cast<int>(rng() % 17), first = static_cast<int>(rng() % 40);
-      const int n = 1 + static_cast<int>(rng() % 150), end = first + n;
-      const int nblocks = (end + B - 1) / B, pool = nblocks + 3;
-      const std::vector<int32_t> table = random_block_table(rng, nblocks, pool);
-      auto q = test::random_floats(rng, d, -2.f, 2.f);
-      auto k = test::random_floats(rng, static_cast<size_t>(end * stride), -2.f, 2.f);
-      auto v = test::random_floats(rng, static_cast<size_t>(end * stride), -1.f, 1.f);
+      const PagedCase c(rng, 1 + static_cast<int>(rng() % (trial < 4 ? kernels::kMaxAttendDim : 160)), 150, 3);
+      const int d = c.d, stride = c.stride;
       // The paged 16-bit cache (unused rows 0xffff: NaN in both types) and its widening.
-      std::vector<uint16_t> k16(static_cast<size_t>(pool * B * stride), 0xffff), v16(k16.size(), 0xffff);
+      std::vector<uint16_t> k16(static_cast<size_t>(c.pool * c.B * stride), 0xffff), v16(k16.size(), 0xffff);
       std::vector<float> kw(k16.size(), NAN), vw(k16.size(), NAN);
-      for (int p = 0; p < end; ++p) {
-        const size_t r = static_cast<size_t>(table[static_cast<size_t>(p / B)] * B + p % B) * stride;
+      for (int p = 0; p < c.end; ++p) {
+        const size_t r = c.row(p) * static_cast<size_t>(stride);
         for (int i = 0; i < stride; ++i) {
           const size_t src = static_cast<size_t>(p * stride + i);
-          k16[r + i] = t == DType::BF16 ? f32_to_bf16(k[src]) : f32_to_f16(k[src]);
-          v16[r + i] = t == DType::BF16 ? f32_to_bf16(v[src]) : f32_to_f16(v[src]);
+          k16[r + i] = t == DType::BF16 ? f32_to_bf16(c.k[src]) : f32_to_f16(c.k[src]);
+          v16[r + i] = t == DType::BF16 ? f32_to_bf16(c.v[src]) : f32_to_f16(c.v[src]);
           kw[r + i] = t == DType::BF16 ? bf16_to_f32(k16[r + i]) : f16_to_f32(k16[r + i]);
           vw[r + i] = t == DType::BF16 ? bf16_to_f32(v16[r + i]) : f16_to_f32(v16[r + i]);
         }
       }
       const float scale = 0.3f, sink = 0.7f;
       const float* s = trial % 3 ? &sink : nullptr;
-      std::vector<float> sc(static_cast<size_t>(n)), want(static_cast<size_t>(d), NAN), got(static_cast<size_t>(d), NAN);
-      kt->attend(q.data(), d, kw.data(), vw.data(), stride, table.data(), B, first, n, scale, s, sc.data(), want.data());
-      kt->attend16(q.data(), d, k16.data(), v16.data(), stride, t, table.data(), B, first, n, scale, s, sc.data(),
-                   got.data());
+      std::vector<float> sc(static_cast<size_t>(c.n)), want(static_cast<size_t>(d), NAN), got(want);
+      kt->attend(c.q.data(), d, kw.data(), vw.data(), stride, c.table.data(), c.B, c.first, c.n, scale, s, sc.data(),
+                 want.data());
+      kt->attend16(c.q.data(), d, k16.data(), v16.data(), stride, t, c.table.data(), c.B, c.first, c.n, scale, s,
+                   sc.data(), got.data());
       for (int i = 0; i < d; ++i) ASSERT_TRUE(std::isfinite(want[static_cast<size_t>(i)])) << i;
-      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
-          << dtype_name(t) << " d " << d << " block " << B << " first " << first << " n " << n;
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << dtype_name(t) << " " << c.what();
     }
   }
 }
