@@ -9,16 +9,20 @@
 # wrote the same tokens for every request (batch invariance). Needs python3.
 #
 # usage: scripts/batch_bench.sh COLIBRI MODEL OUT_DIR [N [R [SEED]]]
+#   MODEL must take 1280 positions (the small and medium synth presets do; tiny does not)
 #   env: COLIBRI_BENCH_WORLDS  the world sizes to run (default "1 3")
 #        COLIBRI_BENCH_THREADS --threads of the coordinator (default: nproc)
 set -euo pipefail
+if [ $# -lt 3 ]; then sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
 BIN=$1 MODEL=$2 OUT=$3
 N=${4:-1000} R=${5:-64} SEED=${6:-1}
 WORLDS=${COLIBRI_BENCH_WORLDS:-"1 3"}
 THREADS=${COLIBRI_BENCH_THREADS:-$(nproc)}
 mkdir -p "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive
-vocab=$("$BIN" inspect "$MODEL" --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["config"]["vocab_size"])')
+command -v python3 >/dev/null || { echo "batch_bench: needs python3" >&2; exit 2; }
+info=$("$BIN" inspect "$MODEL" --json) || { echo "batch_bench: cannot inspect $MODEL with $BIN" >&2; exit 1; }
+vocab=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["config"]["vocab_size"])' <<<"$info")
 python3 - "$OUT/requests.jsonl" "$N" "$SEED" "$vocab" <<'EOF'
 import json, random, sys
 path, n, seed, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
