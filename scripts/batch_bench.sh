@@ -13,7 +13,7 @@
 #   env: COLIBRI_BENCH_WORLDS  the world sizes to run (default "1 3")
 #        COLIBRI_BENCH_THREADS --threads of the coordinator (default: nproc)
 set -euo pipefail
-if [ $# -lt 3 ]; then sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
+if [ $# -lt 3 ]; then sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2; fi
 BIN=$1 MODEL=$2 OUT=$3
 N=${4:-1000} R=${5:-64} SEED=${6:-1}
 WORLDS=${COLIBRI_BENCH_WORLDS:-"1 3"}
